@@ -1,0 +1,2 @@
+//! ummunotify (work in progress).
+#![deny(unsafe_code)]
