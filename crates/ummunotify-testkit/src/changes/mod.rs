@@ -1,0 +1,163 @@
+//! The catalogue of mapping changes, and how a watcher is judged against each.
+//!
+//! Every [`ChangeKind`] is one way the memory behind a registered range can be replaced, released
+//! or moved (plus one control case, [`ChangeKind::UntouchedNeighbour`], where it must not be).
+//! [`run_case`] sets the memory up, lets the [`Watcher`] under test watch it, pins it through an
+//! io_uring fixed buffer, applies exactly one change, asks the watcher right after the call
+//! returned, and judges the answer with two oracles (PFNs and the device view); the result is a
+//! [`CaseReport`].
+//!
+//! [`ChangeKind::BrkShrink`] moves the program break, which glibc malloc owns, so it must run in a
+//! process that does nothing else: see [`run_in_child`].
+
+mod child;
+mod json;
+mod mapping;
+mod report;
+mod run;
+mod scenario;
+mod watcher;
+
+pub use child::{
+    child_case_from_env, print_child_report, run_in_child, CHILD_CASE_ENV, OWN_PROCESS_ENV,
+    REPORT_PREFIX,
+};
+pub use json::{case_json, parse_case_json};
+pub use report::CaseReport;
+pub use run::run_case;
+pub use watcher::{NaiveWatcher, Watcher};
+
+use std::fmt;
+
+/// `MADV_DONTNEED_LOCKED` (Linux 5.18): like `MADV_DONTNEED`, also for `mlock`ed pages.
+pub const MADV_DONTNEED_LOCKED: libc::c_int = 24;
+/// `MREMAP_DONTUNMAP` (Linux 5.7): move the pages, leave the old range mapped but empty.
+pub const MREMAP_DONTUNMAP: libc::c_int = 4;
+/// System call number of `process_madvise(2)` on this architecture.
+pub const SYS_PROCESS_MADVISE: libc::c_long = libc::SYS_process_madvise;
+/// System call number of `pidfd_open(2)` on this architecture.
+pub const SYS_PIDFD_OPEN: libc::c_long = libc::SYS_pidfd_open;
+
+/// One way the memory behind a registered range can change.
+///
+/// Names ([`ChangeKind::name`]) are stable, kebab-case, and used by the command line and in JSON.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ChangeKind {
+    /// `munmap` through libc, then a new page mapped at the same address.
+    LibcMunmap,
+    /// A raw `syscall(SYS_munmap)` (invisible to an interposed `munmap`), then a remap.
+    SyscallMunmap,
+    /// `mmap(MAP_FIXED)` of a new anonymous mapping directly over the range.
+    MmapFixedOver,
+    /// `mremap(MREMAP_MAYMOVE | MREMAP_FIXED)` to a reserved destination, then a remap of the
+    /// old address.
+    MremapMove,
+    /// `mremap` shrinking an 8-page mapping to 4 pages: the tail is unmapped.
+    MremapShrink,
+    /// `mremap(MREMAP_DONTUNMAP)`: the pages move, the old range stays mapped but empty.
+    MremapDontunmap,
+    /// `madvise(MADV_DONTNEED)`: pages zapped, refaulted as new zero pages.
+    MadvDontneed,
+    /// `madvise(MADV_FREE)`: lazy free. The kernel may drop the contents at any time, so an event
+    /// is expected, but pinned frames stay: the oracles are not asserted.
+    MadvFree,
+    /// `madvise(MADV_DONTNEED_LOCKED)` on `mlock`ed memory.
+    MadvDontneedLocked,
+    /// `madvise(MADV_REMOVE)` on a shared memfd (shmem) mapping: the backing is punched out.
+    MadvRemoveShmem,
+    /// `sbrk` grow and touch, then `sbrk` shrink (and grow again). Needs its own process.
+    BrkShrink,
+    /// `process_madvise(pidfd_open(getpid()), MADV_DONTNEED)`.
+    ProcessMadvise,
+    /// `IORING_OP_MADVISE(MADV_DONTNEED)` issued through io_uring.
+    UringMadvise,
+    /// A `MAP_SHARED` mapping of a real file in `/tmp`, then `munmap` and a remap.
+    FileBacked,
+    /// A `malloc` block large enough to be `mmap`ed, watched in part, then `free()`d.
+    FreeMallocBlock,
+    /// A region covering pages 2..6 of a 12-page mapping, `munmap` of pages 4..10: the event's
+    /// hint must be the clipped intersection, pages 4..6.
+    PartialOverlap,
+    /// `munmap` of the pages right after the region (6..8 of 12; region 2..6): nothing may be
+    /// reported. "Detected" means correctly silent: still valid, no event.
+    UntouchedNeighbour,
+}
+
+impl ChangeKind {
+    /// Every kind, in catalogue order.
+    pub const ALL: &'static [ChangeKind] = &[
+        ChangeKind::LibcMunmap,
+        ChangeKind::SyscallMunmap,
+        ChangeKind::MmapFixedOver,
+        ChangeKind::MremapMove,
+        ChangeKind::MremapShrink,
+        ChangeKind::MremapDontunmap,
+        ChangeKind::MadvDontneed,
+        ChangeKind::MadvFree,
+        ChangeKind::MadvDontneedLocked,
+        ChangeKind::MadvRemoveShmem,
+        ChangeKind::BrkShrink,
+        ChangeKind::ProcessMadvise,
+        ChangeKind::UringMadvise,
+        ChangeKind::FileBacked,
+        ChangeKind::FreeMallocBlock,
+        ChangeKind::PartialOverlap,
+        ChangeKind::UntouchedNeighbour,
+    ];
+
+    /// The stable kebab-case name, e.g. `"libc-munmap"`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            ChangeKind::LibcMunmap => "libc-munmap",
+            ChangeKind::SyscallMunmap => "syscall-munmap",
+            ChangeKind::MmapFixedOver => "mmap-fixed-over",
+            ChangeKind::MremapMove => "mremap-move",
+            ChangeKind::MremapShrink => "mremap-shrink",
+            ChangeKind::MremapDontunmap => "mremap-dontunmap",
+            ChangeKind::MadvDontneed => "madv-dontneed",
+            ChangeKind::MadvFree => "madv-free",
+            ChangeKind::MadvDontneedLocked => "madv-dontneed-locked",
+            ChangeKind::MadvRemoveShmem => "madv-remove-shmem",
+            ChangeKind::BrkShrink => "brk-shrink",
+            ChangeKind::ProcessMadvise => "process-madvise",
+            ChangeKind::UringMadvise => "uring-madvise",
+            ChangeKind::FileBacked => "file-backed",
+            ChangeKind::FreeMallocBlock => "free-malloc-block",
+            ChangeKind::PartialOverlap => "partial-overlap",
+            ChangeKind::UntouchedNeighbour => "untouched-neighbour",
+        }
+    }
+
+    /// The kind named `name` (as returned by [`ChangeKind::name`]).
+    pub fn from_name(name: &str) -> Option<ChangeKind> {
+        ChangeKind::ALL.iter().copied().find(|k| k.name() == name)
+    }
+
+    /// Whether the case must run in a fresh process that does nothing else (see [`run_in_child`]).
+    ///
+    /// True for [`ChangeKind::BrkShrink`]: it moves the program break, which glibc malloc owns; a
+    /// concurrent heap extension by any thread would make the shrink cut malloc's memory.
+    pub const fn needs_own_process(self) -> bool {
+        matches!(self, ChangeKind::BrkShrink)
+    }
+
+    /// Whether the change must show up in both oracles (new frames, stale device bytes).
+    ///
+    /// False for [`ChangeKind::MadvFree`] (lazy: pinned frames stay until reclaim) and for
+    /// [`ChangeKind::UntouchedNeighbour`] (nothing in the range changes).
+    pub const fn replaces_memory(self) -> bool {
+        !matches!(self, ChangeKind::MadvFree | ChangeKind::UntouchedNeighbour)
+    }
+
+    /// Whether a correct watcher must report an event (all kinds but the control case).
+    pub const fn expects_event(self) -> bool {
+        !matches!(self, ChangeKind::UntouchedNeighbour)
+    }
+}
+
+impl fmt::Display for ChangeKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}

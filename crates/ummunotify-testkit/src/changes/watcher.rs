@@ -1,0 +1,68 @@
+//! The trait through which a case drives the thing under test, and a naive implementation.
+
+use std::ops::Range;
+
+/// The thing under test: something that watches one address range for mapping changes.
+///
+/// [`super::run_case`] calls `watch`, then (after the change) `is_valid` twice, then
+/// `counter_moved` and `events`, and finally `unwatch`, always, even when the case fails.
+pub trait Watcher {
+    /// Start watching `range` (what the library calls registering a region).
+    ///
+    /// # Errors
+    ///
+    /// A description of why the range can not be watched; the case records it as a problem.
+    fn watch(&mut self, range: Range<usize>) -> Result<(), String>;
+    /// Per-region validity check, made right after the change returned.
+    fn is_valid(&mut self) -> bool;
+    /// Whether the shared generation counter moved since watch().
+    fn counter_moved(&mut self) -> bool;
+    /// Drain events: (reported range, hint flag) for this region.
+    fn events(&mut self) -> Vec<(Range<usize>, bool)>;
+    /// Stop watching (before the scenario frees what is left).
+    fn unwatch(&mut self);
+}
+
+/// A watcher that never notices anything: always valid, no events, counter never moves.
+///
+/// This is what a registration cache without invalidation does. Running the catalogue against it
+/// shows the hazard is real: every kind that replaces memory yields stale uses.
+#[derive(Debug, Default, Clone)]
+pub struct NaiveWatcher {
+    range: Option<Range<usize>>,
+}
+
+impl NaiveWatcher {
+    /// A naive watcher watching nothing yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The range passed to the last [`Watcher::watch`], until [`Watcher::unwatch`].
+    pub fn range(&self) -> Option<Range<usize>> {
+        self.range.clone()
+    }
+}
+
+impl Watcher for NaiveWatcher {
+    fn watch(&mut self, range: Range<usize>) -> Result<(), String> {
+        self.range = Some(range);
+        Ok(())
+    }
+
+    fn is_valid(&mut self) -> bool {
+        true
+    }
+
+    fn counter_moved(&mut self) -> bool {
+        false
+    }
+
+    fn events(&mut self) -> Vec<(Range<usize>, bool)> {
+        Vec::new()
+    }
+
+    fn unwatch(&mut self) {
+        self.range = None;
+    }
+}

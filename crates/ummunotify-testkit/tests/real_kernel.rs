@@ -1,0 +1,244 @@
+//! Real-kernel tests: the PFN oracle, the io_uring stale-registration hazard, and the whole
+//! catalogue run against the naive watcher (which proves every case really changes memory).
+//!
+//! A missing kernel feature prints a loud SKIP, or fails when `UMN_REQUIRE_ALL=1`.
+
+use std::io;
+use std::process::Command;
+use std::sync::{Mutex, MutexGuard};
+
+use ummunotify_testkit::changes::{
+    case_json, child_case_from_env, parse_case_json, print_child_report, run_case, run_in_child,
+    CaseReport, ChangeKind, NaiveWatcher,
+};
+use ummunotify_testkit::pagemap::{is_pfn_unavailable, page_size, pfn};
+use ummunotify_testkit::require::{missing_feature, skip_or_fail};
+use ummunotify_testkit::uring::Pinner;
+
+/// Cases map at fixed addresses; run them one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The value, or `None` after a SKIP (or a panic under UMN_REQUIRE_ALL=1) if a feature is missing.
+fn or_skip<T>(test: &str, r: io::Result<T>) -> Option<T> {
+    match r {
+        Ok(v) => Some(v),
+        Err(e) => {
+            if let Some(m) = missing_feature(&e) {
+                skip_or_fail(test, &m.to_string());
+            } else if is_pfn_unavailable(&e) {
+                skip_or_fail(test, "real PFNs in /proc/self/pagemap (run as root)");
+            } else {
+                panic!("{test}: {e}");
+            }
+            None
+        }
+    }
+}
+
+fn mmap_rw(at: usize, len: usize) -> usize {
+    let flags = libc::MAP_PRIVATE
+        | libc::MAP_ANONYMOUS
+        | if at == 0 {
+            0
+        } else {
+            libc::MAP_FIXED_NOREPLACE
+        };
+    // SAFETY: never MAP_FIXED, so no existing mapping is replaced.
+    let p = unsafe {
+        libc::mmap(
+            at as *mut libc::c_void,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            flags,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED, "mmap: {}", io::Error::last_os_error());
+    p as usize
+}
+
+fn fill(addr: usize, len: usize, byte: u8) {
+    // SAFETY: callers pass memory they just mapped read-write.
+    unsafe { std::ptr::write_bytes(addr as *mut u8, byte, len) };
+}
+
+#[test]
+fn pagemap_reports_present_absent_and_unmapped() {
+    let _g = serial();
+    let page = page_size();
+    let base = mmap_rw(0, 2 * page);
+    fill(base, page, 1);
+    let Some(touched) = or_skip("pagemap", pfn(base)) else {
+        return;
+    };
+    assert!(touched.is_some(), "written page must be present");
+    assert_eq!(
+        pfn(base + page).unwrap(),
+        None,
+        "untouched page is not present"
+    );
+    // SAFETY: unmapping our own mapping.
+    unsafe { libc::munmap(base as *mut libc::c_void, 2 * page) };
+    assert_eq!(pfn(base).unwrap(), None, "unmapped page is not present");
+}
+
+#[test]
+fn uring_registration_goes_stale_after_munmap_and_remap() {
+    let _g = serial();
+    let page = page_size();
+    let Some(mut pinner) = or_skip("uring hazard", Pinner::new()) else {
+        return;
+    };
+    let a = mmap_rw(0, page);
+    fill(a, page, b'A');
+    pinner.register(a, page).expect("register buffer");
+    let Some(old) = or_skip("uring hazard", pfn(a)) else {
+        return;
+    };
+    // SAFETY: unmapping our own (pinned) page; the pin keeps the frame alive.
+    assert_eq!(unsafe { libc::munmap(a as *mut libc::c_void, page) }, 0);
+    let b = mmap_rw(a, page);
+    assert_eq!(a, b, "x == y");
+    fill(b, page, b'B');
+    let new = pfn(b).unwrap();
+    assert_eq!(pinner.write_fixed(b, page, 0).unwrap(), page);
+    let file = pinner.read_back(page, 0).unwrap();
+    pinner.unregister().unwrap();
+    // SAFETY: unmapping our own mapping.
+    unsafe { libc::munmap(b as *mut libc::c_void, page) };
+    assert!(
+        file.iter().all(|&c| c == b'A'),
+        "device must read the stale 'A' page"
+    );
+    assert_ne!(
+        old, new,
+        "a pinned frame can not be reused: PFN must differ"
+    );
+}
+
+#[test]
+fn write_fixed_outside_the_registration_is_refused() {
+    let Some(mut pinner) = or_skip("write_fixed bounds", Pinner::new()) else {
+        return;
+    };
+    let err = pinner.write_fixed(4096, 4096, 0).unwrap_err();
+    assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+}
+
+#[test]
+fn names_round_trip_and_are_unique() {
+    let mut names: Vec<_> = ChangeKind::ALL.iter().map(|k| k.name()).collect();
+    for kind in ChangeKind::ALL {
+        assert_eq!(ChangeKind::from_name(kind.name()), Some(*kind));
+    }
+    names.sort_unstable();
+    names.dedup();
+    assert_eq!(names.len(), ChangeKind::ALL.len());
+    assert_eq!(ChangeKind::ALL.len(), 17);
+    assert_eq!(ChangeKind::from_name("no-such-change"), None);
+    assert!(ChangeKind::BrkShrink.needs_own_process());
+}
+
+#[test]
+fn json_round_trips() {
+    let report = CaseReport {
+        kind: ChangeKind::PartialOverlap,
+        detected: true,
+        stale_uses: 2,
+        expected_event: true,
+        events: vec![(4096..8192, true), (0..1, false)],
+        counter_moved: true,
+        oracle_changed: false,
+        device_bytes_stale: None,
+        pinned: false,
+        problems: vec!["quote \" backslash \\ newline \n tab \t bell \u{7} é".into()],
+        notes: vec![],
+    };
+    let json = case_json(&report);
+    assert!(!json.contains('\n'));
+    assert_eq!(parse_case_json(&json).unwrap(), report);
+    assert!(parse_case_json("{\"kind\":\"libc-munmap\"}").is_err());
+    assert!(parse_case_json(&format!("{json} x")).is_err());
+}
+
+/// What the naive watcher must show for `kind`.
+fn assert_naive(report: &CaseReport) {
+    let kind = report.kind;
+    let text = case_json(report);
+    assert!(!report.counter_moved && report.events.is_empty(), "{text}");
+    if kind.replaces_memory() {
+        assert!(report.oracle_changed, "PFN oracle must see {kind}: {text}");
+        assert_eq!(
+            report.stale_uses, 2,
+            "naive watcher must be stale for {kind}: {text}"
+        );
+        assert!(!report.detected, "{text}");
+        if report.pinned {
+            assert_eq!(
+                report.device_bytes_stale,
+                Some(true),
+                "device view for {kind}: {text}"
+            );
+        }
+    } else if kind.expects_event() {
+        // MADV_FREE: the event is owed but the frames may stay; only detection is judged.
+        assert!(!report.detected && !report.passed(), "{text}");
+    } else {
+        assert!(
+            !report.oracle_changed,
+            "{kind} must not change the range: {text}"
+        );
+        assert_eq!(report.device_bytes_stale, Some(false), "{text}");
+        assert!(report.detected && report.passed(), "{text}");
+    }
+}
+
+#[test]
+fn naive_watcher_is_stale_for_every_replacing_change() {
+    let _g = serial();
+    for &kind in ChangeKind::ALL {
+        if kind.needs_own_process() {
+            continue;
+        }
+        let Some(report) = or_skip(kind.name(), run_case(kind, &mut NaiveWatcher::new())) else {
+            continue;
+        };
+        eprintln!("{}", case_json(&report));
+        assert_naive(&report);
+    }
+}
+
+#[test]
+fn brk_shrink_refuses_to_run_in_a_shared_process() {
+    if child_case_from_env().is_some() {
+        return;
+    }
+    let err = run_case(ChangeKind::BrkShrink, &mut NaiveWatcher::new()).unwrap_err();
+    assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+}
+
+/// Entry point of the child process [`run_in_child`] starts; a no-op in a normal test run.
+#[test]
+fn child_entry() {
+    if let Some(kind) = child_case_from_env() {
+        print_child_report(&run_case(kind, &mut NaiveWatcher::new()));
+    }
+}
+
+#[test]
+fn naive_watcher_is_stale_for_brk_shrink_in_its_own_process() {
+    if child_case_from_env().is_some() {
+        return;
+    }
+    let mut cmd = Command::new(std::env::current_exe().expect("test binary path"));
+    cmd.args(["child_entry", "--exact", "--nocapture", "--test-threads=1"]);
+    if let Some(report) = or_skip("brk-shrink", run_in_child(ChangeKind::BrkShrink, cmd)) {
+        eprintln!("{}", case_json(&report));
+        assert_naive(&report);
+    }
+}
