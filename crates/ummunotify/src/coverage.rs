@@ -1,0 +1,343 @@
+//! `Coverage`: the refcounted union of page ranges registered with the kernel.
+//!
+//! Every region adds its (page-rounded) range once; a page is registered with userfaultfd while
+//! at least one region covers it. `add` reports exactly the ranges whose count goes 0 → 1 (to
+//! register) and `remove` those whose count goes 1 → 0 (to unregister), so overlapping and
+//! adjacent regions share one registration and memory outside every region is never touched.
+//!
+//! Runs under the registry lock only (user threads), so it may allocate.
+
+use std::collections::BTreeMap;
+
+/// Every Linux page size is a multiple of this; ranges must be aligned to it at least.
+const MIN_PAGE_SIZE: u64 = 4096;
+
+/// A run of pages `[key, end)` that all have the same non-zero count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Segment {
+    /// One past the last address of the run.
+    end: u64,
+    /// Number of regions covering every page of the run (never 0).
+    count: u32,
+}
+
+/// Refcounted union of page ranges.
+///
+/// Stored as disjoint runs keyed by start address; pages with count 0 are not stored, and
+/// adjacent runs always have different counts (equal ones are merged), so the representation of
+/// a given per-page count function is unique and `segments()` is as small as it can be.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Coverage {
+    /// Runs keyed by start address.
+    runs: BTreeMap<u64, Segment>,
+}
+
+impl Coverage {
+    /// Empty coverage: every page has count 0.
+    pub(crate) fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds 1 to the count of every page in `[start, end)` (page-aligned, `start < end`).
+    ///
+    /// Returns the maximal ranges whose count went 0 → 1, sorted: these must be registered with
+    /// the kernel. O(log n + runs touched).
+    pub(crate) fn add(&mut self, start: u64, end: u64) -> Vec<(u64, u64)> {
+        debug_assert_valid(start, end);
+        if start >= end {
+            return Vec::new();
+        }
+        self.split_at(start);
+        self.split_at(end);
+        let mut gaps = Vec::new();
+        let mut pos = start;
+        for (&s, run) in self.runs.range_mut(start..end) {
+            if pos < s {
+                gaps.push((pos, s));
+            }
+            // A count is bounded by the number of live regions, which is below `u32::MAX`
+            // (region ids are `u32` and `u32::MAX` is reserved).
+            run.count += 1;
+            pos = run.end;
+        }
+        if pos < end {
+            gaps.push((pos, end));
+        }
+        for &(s, e) in &gaps {
+            self.runs.insert(s, Segment { end: e, count: 1 });
+        }
+        self.coalesce(start, end);
+        gaps
+    }
+
+    /// Subtracts 1 from the count of every page in `[start, end)`, which must have been added.
+    ///
+    /// Returns the maximal ranges whose count went 1 → 0, sorted: these must be unregistered.
+    /// `add(s, e)` immediately followed by `remove(s, e)` returns the same ranges as the `add`,
+    /// and restores the previous state (rollback). Pages of the range with count 0 (a caller
+    /// bug, caught by a debug assertion) are left at 0. O(log n + runs touched).
+    pub(crate) fn remove(&mut self, start: u64, end: u64) -> Vec<(u64, u64)> {
+        debug_assert_valid(start, end);
+        if start >= end {
+            return Vec::new();
+        }
+        self.split_at(start);
+        self.split_at(end);
+        let mut freed: Vec<(u64, u64)> = Vec::new();
+        let mut emptied: Vec<u64> = Vec::new();
+        let mut pos = start;
+        for (&s, run) in self.runs.range_mut(start..end) {
+            debug_assert_eq!(pos, s, "removing [{pos:#x}, {s:#x}), which was never added");
+            pos = run.end;
+            if run.count > 1 {
+                run.count -= 1;
+                continue;
+            }
+            emptied.push(s);
+            match freed.last_mut() {
+                Some(last) if last.1 == s => last.1 = run.end,
+                _ => freed.push((s, run.end)),
+            }
+        }
+        debug_assert_eq!(
+            pos, end,
+            "removing [{pos:#x}, {end:#x}), which was never added"
+        );
+        for s in emptied {
+            self.runs.remove(&s);
+        }
+        self.coalesce(start, end);
+        freed
+    }
+
+    /// The parts of `[start, end)` with count 0 (not covered), sorted and maximal.
+    pub(crate) fn uncovered(&self, start: u64, end: u64) -> Vec<(u64, u64)> {
+        let mut out = Vec::new();
+        if start >= end {
+            return out;
+        }
+        let mut pos = start;
+        if let Some((_, run)) = self.runs.range(..start).next_back() {
+            pos = pos.max(run.end);
+        }
+        for (&s, run) in self.runs.range(start..end) {
+            if pos < s {
+                out.push((pos, s));
+            }
+            pos = pos.max(run.end);
+        }
+        if pos < end {
+            out.push((pos, end));
+        }
+        out
+    }
+
+    /// Number of stored runs (for tests and statistics).
+    pub(crate) fn segments(&self) -> usize {
+        self.runs.len()
+    }
+
+    /// Splits the run containing `at` strictly inside it into `[s, at)` and `[at, e)`.
+    fn split_at(&mut self, at: u64) {
+        let Some((_, run)) = self.runs.range_mut(..at).next_back() else {
+            return;
+        };
+        if run.end <= at {
+            return;
+        }
+        let tail = Segment {
+            end: run.end,
+            count: run.count,
+        };
+        run.end = at;
+        self.runs.insert(at, tail);
+    }
+
+    /// Merges adjacent runs with equal counts from the run just before `start` through the run
+    /// starting at `end` (the only places an `add`/`remove` of `[start, end)` can create them).
+    fn coalesce(&mut self, start: u64, end: u64) {
+        let first = self
+            .runs
+            .range(..start)
+            .next_back()
+            .map_or(start, |(&s, _)| s);
+        let keys: Vec<u64> = self.runs.range(first..=end).map(|(&s, _)| s).collect();
+        let mut keys = keys.into_iter();
+        let Some(mut cur) = keys.next() else {
+            return;
+        };
+        for k in keys {
+            // Every collected key is present: only keys already passed are removed.
+            let (Some(&next), Some(&acc)) = (self.runs.get(&k), self.runs.get(&cur)) else {
+                continue;
+            };
+            if acc.end == k && acc.count == next.count {
+                self.runs.remove(&k);
+                self.runs.insert(
+                    cur,
+                    Segment {
+                        end: next.end,
+                        count: acc.count,
+                    },
+                );
+            } else {
+                cur = k;
+            }
+        }
+    }
+
+    /// Checks the representation invariants; panics on the first violation.
+    #[cfg(test)]
+    fn check_invariants(&self) {
+        let mut prev: Option<(u64, Segment)> = None;
+        for (&s, &run) in &self.runs {
+            assert!(s < run.end, "empty run at {s:#x}");
+            assert!(run.count > 0, "zero-count run at {s:#x}");
+            if let Some((_, p)) = prev {
+                assert!(p.end <= s, "overlapping runs at {s:#x}");
+                assert!(
+                    p.end < s || p.count != run.count,
+                    "unmerged equal runs at {s:#x}"
+                );
+            }
+            prev = Some((s, run));
+        }
+    }
+}
+
+/// Debug-checks that `[start, end)` is a non-empty, page-aligned range.
+#[inline]
+fn debug_assert_valid(start: u64, end: u64) {
+    debug_assert!(start < end, "empty range [{start:#x}, {end:#x})");
+    debug_assert!(
+        start % MIN_PAGE_SIZE == 0 && end % MIN_PAGE_SIZE == 0,
+        "unaligned range [{start:#x}, {end:#x})"
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::HashMap;
+
+    const PAGE: u64 = MIN_PAGE_SIZE;
+
+    /// Maximal runs of pages in `[start, end)` (page numbers) satisfying `pred`, as addresses.
+    fn runs_where(start: u64, end: u64, pred: impl Fn(u64) -> bool) -> Vec<(u64, u64)> {
+        let mut out: Vec<(u64, u64)> = Vec::new();
+        for p in start..end {
+            if pred(p) {
+                match out.last_mut() {
+                    Some(last) if last.1 == p * PAGE => last.1 = (p + 1) * PAGE,
+                    _ => out.push((p * PAGE, (p + 1) * PAGE)),
+                }
+            }
+        }
+        out
+    }
+
+    /// Minimal number of runs for the model's counts.
+    fn model_segments(model: &HashMap<u64, u32>, pages: u64) -> usize {
+        let mut n = 0;
+        let mut prev = 0;
+        for p in 0..pages {
+            let c = model.get(&p).copied().unwrap_or(0);
+            if c != 0 && c != prev {
+                n += 1;
+            }
+            prev = c;
+        }
+        n
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+        #[test]
+        fn matches_per_page_model(
+            ops in prop::collection::vec((any::<bool>(), 0u64..64, 1u64..16, any::<usize>()), 1..200),
+            queries in prop::collection::vec((0u64..80, 0u64..30), 1..10),
+        ) {
+            const PAGES: u64 = 80;
+            let mut cov = Coverage::new();
+            let mut model: HashMap<u64, u32> = HashMap::new();
+            let mut added: Vec<(u64, u64)> = Vec::new();
+            for (is_add, first, len, sel) in ops {
+                if is_add || added.is_empty() {
+                    let (s, e) = (first, first + len);
+                    let want = runs_where(s, e, |p| !model.contains_key(&p));
+                    for p in s..e {
+                        *model.entry(p).or_insert(0) += 1;
+                    }
+                    let got = cov.add(s * PAGE, e * PAGE);
+                    prop_assert_eq!(got, want);
+                    added.push((s, e));
+                } else {
+                    let (s, e) = added.swap_remove(sel % added.len());
+                    let want = runs_where(s, e, |p| model[&p] == 1);
+                    for p in s..e {
+                        let c = model.get_mut(&p).unwrap();
+                        *c -= 1;
+                        if *c == 0 {
+                            model.remove(&p);
+                        }
+                    }
+                    let got = cov.remove(s * PAGE, e * PAGE);
+                    prop_assert_eq!(got, want);
+                }
+                cov.check_invariants();
+                prop_assert_eq!(cov.segments(), model_segments(&model, PAGES));
+                for &(qs, ql) in &queries {
+                    let want = runs_where(qs, qs + ql, |p| !model.contains_key(&p));
+                    prop_assert_eq!(cov.uncovered(qs * PAGE, (qs + ql) * PAGE), want);
+                }
+            }
+        }
+
+        #[test]
+        fn add_then_remove_is_rollback(
+            setup in prop::collection::vec((0u64..64, 1u64..16), 0..20),
+            s in 0u64..64,
+            len in 1u64..16,
+        ) {
+            let mut cov = Coverage::new();
+            for (first, l) in setup {
+                cov.add(first * PAGE, (first + l) * PAGE);
+            }
+            let before: Vec<_> = cov.runs.iter().map(|(&k, &v)| (k, v)).collect();
+            let added = cov.add(s * PAGE, (s + len) * PAGE);
+            let removed = cov.remove(s * PAGE, (s + len) * PAGE);
+            prop_assert_eq!(added, removed);
+            let after: Vec<_> = cov.runs.iter().map(|(&k, &v)| (k, v)).collect();
+            prop_assert_eq!(before, after);
+        }
+    }
+
+    #[test]
+    fn overlapping_regions_share_registration() {
+        let mut cov = Coverage::new();
+        assert_eq!(cov.add(0, 4 * PAGE), vec![(0, 4 * PAGE)]);
+        assert_eq!(cov.add(2 * PAGE, 6 * PAGE), vec![(4 * PAGE, 6 * PAGE)]);
+        assert_eq!(cov.add(0, 8 * PAGE), vec![(6 * PAGE, 8 * PAGE)]);
+        assert_eq!(cov.uncovered(0, 10 * PAGE), vec![(8 * PAGE, 10 * PAGE)]);
+        assert_eq!(cov.remove(0, 8 * PAGE), vec![(6 * PAGE, 8 * PAGE)]);
+        assert_eq!(cov.remove(0, 4 * PAGE), vec![(0, 2 * PAGE)]);
+        assert_eq!(cov.remove(2 * PAGE, 6 * PAGE), vec![(2 * PAGE, 6 * PAGE)]);
+        assert_eq!(cov.segments(), 0);
+        assert_eq!(cov.uncovered(PAGE, 3 * PAGE), vec![(PAGE, 3 * PAGE)]);
+    }
+
+    #[test]
+    fn adjacent_single_pages_collapse() {
+        let n: u64 = 1_000_000;
+        let mut cov = Coverage::new();
+        for p in 0..n {
+            let got = cov.add(p * PAGE, (p + 1) * PAGE);
+            assert_eq!(got, vec![(p * PAGE, (p + 1) * PAGE)]);
+        }
+        assert_eq!(cov.segments(), 1);
+        assert!(cov.uncovered(0, n * PAGE).is_empty());
+        assert_eq!(cov.remove(0, n * PAGE), vec![(0, n * PAGE)]);
+        assert_eq!(cov.segments(), 0);
+    }
+}

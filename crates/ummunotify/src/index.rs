@@ -1,0 +1,554 @@
+//! `IntervalIndex`: an augmented AVL tree of half-open ranges, for stabbing queries.
+//!
+//! Nodes are identified by `u32` ids and stored by the caller (inside region slots), reached
+//! through the [`Nodes`] trait, so the tree itself owns no memory: `insert`, `remove` and
+//! `for_each_overlap` never allocate or free, which is what lets them run under the index lock
+//! (see `docs/ARCHITECTURE.md`, "Locks").
+//!
+//! The tree is ordered by `(start, id)`, so equal ranges coexist. Each node also keeps the
+//! maximum `end` of its subtree, which lets a query skip every subtree that ends before it.
+//! Recursion depth is bounded by the tree height, at most about `1.44 log2 n` (under 48 for any
+//! number of `u32` ids).
+
+use std::cmp::Ordering;
+
+/// The null node id (no child, empty tree).
+pub(crate) const NIL: u32 = u32::MAX;
+
+/// One interval of the index: the caller sets `start`/`end`, the tree owns the rest.
+///
+/// The range is half-open, `start < end`. `start` and `end` must not change while the node is
+/// in a tree.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Node {
+    /// First address of the range.
+    pub start: u64,
+    /// One past the last address of the range.
+    pub end: u64,
+    /// Largest `end` in this node's subtree.
+    max_end: u64,
+    /// Left child id, or [`NIL`].
+    left: u32,
+    /// Right child id, or [`NIL`].
+    right: u32,
+    /// Height of this node's subtree (a leaf has height 1).
+    height: u8,
+}
+
+impl Node {
+    /// A node for `[start, end)`, not in any tree.
+    pub(crate) const fn new(start: u64, end: u64) -> Self {
+        Self {
+            start,
+            end,
+            max_end: end,
+            left: NIL,
+            right: NIL,
+            height: 1,
+        }
+    }
+}
+
+/// Access to node storage owned by the caller.
+pub(crate) trait Nodes {
+    /// The node with id `id` (an id the caller handed to the tree).
+    fn node(&self, id: u32) -> &Node;
+    /// The node with id `id`, mutably.
+    fn node_mut(&mut self, id: u32) -> &mut Node;
+}
+
+/// Plain vector storage, for tests and fuzzing: node `id` is `self[id]`.
+impl Nodes for Vec<Node> {
+    fn node(&self, id: u32) -> &Node {
+        &self[id as usize]
+    }
+
+    fn node_mut(&mut self, id: u32) -> &mut Node {
+        &mut self[id as usize]
+    }
+}
+
+/// An augmented AVL tree over caller-stored [`Node`]s.
+#[derive(Debug)]
+pub(crate) struct IntervalIndex {
+    /// Root node id, or [`NIL`].
+    root: u32,
+    /// Number of nodes in the tree.
+    len: usize,
+}
+
+impl Default for IntervalIndex {
+    /// Same as [`IntervalIndex::new`].
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Height of `id`'s subtree (0 for [`NIL`]).
+#[inline]
+fn height<N: Nodes + ?Sized>(nodes: &N, id: u32) -> u8 {
+    if id == NIL {
+        0
+    } else {
+        nodes.node(id).height
+    }
+}
+
+/// Largest `end` in `id`'s subtree (0 for [`NIL`]).
+#[inline]
+fn max_end<N: Nodes + ?Sized>(nodes: &N, id: u32) -> u64 {
+    if id == NIL {
+        0
+    } else {
+        nodes.node(id).max_end
+    }
+}
+
+/// Orders nodes by `(start, id)`.
+#[inline]
+fn cmp_key(a_start: u64, a_id: u32, b_start: u64, b_id: u32) -> Ordering {
+    (a_start, a_id).cmp(&(b_start, b_id))
+}
+
+/// Recomputes `id`'s height and `max_end` from its children.
+#[inline]
+fn update<N: Nodes + ?Sized>(nodes: &mut N, id: u32) {
+    let Node {
+        end, left, right, ..
+    } = *nodes.node(id);
+    let h = height(nodes, left).max(height(nodes, right)) + 1;
+    let m = end.max(max_end(nodes, left)).max(max_end(nodes, right));
+    let node = nodes.node_mut(id);
+    node.height = h;
+    node.max_end = m;
+}
+
+/// Rotates `id`'s subtree right; returns the new subtree root.
+fn rotate_right<N: Nodes + ?Sized>(nodes: &mut N, id: u32) -> u32 {
+    let l = nodes.node(id).left;
+    let lr = nodes.node(l).right;
+    nodes.node_mut(id).left = lr;
+    update(nodes, id);
+    nodes.node_mut(l).right = id;
+    update(nodes, l);
+    l
+}
+
+/// Rotates `id`'s subtree left; returns the new subtree root.
+fn rotate_left<N: Nodes + ?Sized>(nodes: &mut N, id: u32) -> u32 {
+    let r = nodes.node(id).right;
+    let rl = nodes.node(r).left;
+    nodes.node_mut(id).right = rl;
+    update(nodes, id);
+    nodes.node_mut(r).left = id;
+    update(nodes, r);
+    r
+}
+
+/// Restores the AVL balance at `id` (whose children are balanced and differ in height by at
+/// most 2) and its augmentation; returns the new subtree root.
+fn rebalance<N: Nodes + ?Sized>(nodes: &mut N, id: u32) -> u32 {
+    update(nodes, id);
+    let Node { left, right, .. } = *nodes.node(id);
+    let (hl, hr) = (height(nodes, left), height(nodes, right));
+    if hl > hr + 1 {
+        let (ll, lr) = (nodes.node(left).left, nodes.node(left).right);
+        if height(nodes, ll) < height(nodes, lr) {
+            let new_left = rotate_left(nodes, left);
+            nodes.node_mut(id).left = new_left;
+        }
+        rotate_right(nodes, id)
+    } else if hr > hl + 1 {
+        let (rl, rr) = (nodes.node(right).left, nodes.node(right).right);
+        if height(nodes, rr) < height(nodes, rl) {
+            let new_right = rotate_right(nodes, right);
+            nodes.node_mut(id).right = new_right;
+        }
+        rotate_left(nodes, id)
+    } else {
+        id
+    }
+}
+
+/// Inserts the detached node `id` into the subtree at `root`; returns the new subtree root.
+fn insert_at<N: Nodes + ?Sized>(nodes: &mut N, root: u32, id: u32, start: u64) -> u32 {
+    if root == NIL {
+        return id;
+    }
+    let r = *nodes.node(root);
+    if cmp_key(start, id, r.start, root) == Ordering::Less {
+        let new_left = insert_at(nodes, r.left, id, start);
+        nodes.node_mut(root).left = new_left;
+    } else {
+        let new_right = insert_at(nodes, r.right, id, start);
+        nodes.node_mut(root).right = new_right;
+    }
+    rebalance(nodes, root)
+}
+
+/// Detaches the leftmost node of the subtree at `root`; returns `(new subtree root, detached)`.
+fn remove_min<N: Nodes + ?Sized>(nodes: &mut N, root: u32) -> (u32, u32) {
+    let Node { left, right, .. } = *nodes.node(root);
+    if left == NIL {
+        return (right, root);
+    }
+    let (new_left, min) = remove_min(nodes, left);
+    nodes.node_mut(root).left = new_left;
+    (rebalance(nodes, root), min)
+}
+
+/// Removes node `id` (key `(start, id)`) from the subtree at `root`; returns the new subtree
+/// root. Sets `*found` if the node was there.
+fn remove_at<N: Nodes + ?Sized>(
+    nodes: &mut N,
+    root: u32,
+    id: u32,
+    start: u64,
+    found: &mut bool,
+) -> u32 {
+    if root == NIL {
+        return NIL;
+    }
+    let r = *nodes.node(root);
+    match cmp_key(start, id, r.start, root) {
+        Ordering::Equal => {
+            *found = true;
+            if r.left == NIL {
+                return r.right;
+            }
+            if r.right == NIL {
+                return r.left;
+            }
+            let (new_right, successor) = remove_min(nodes, r.right);
+            let s = nodes.node_mut(successor);
+            s.left = r.left;
+            s.right = new_right;
+            rebalance(nodes, successor)
+        }
+        Ordering::Less => {
+            let new_left = remove_at(nodes, r.left, id, start, found);
+            nodes.node_mut(root).left = new_left;
+            rebalance(nodes, root)
+        }
+        Ordering::Greater => {
+            let new_right = remove_at(nodes, r.right, id, start, found);
+            nodes.node_mut(root).right = new_right;
+            rebalance(nodes, root)
+        }
+    }
+}
+
+/// Calls `f` for every node of the subtree at `id` overlapping `[start, end)`, in key order.
+fn overlap_at<N: Nodes + ?Sized, F: FnMut(u32)>(
+    nodes: &N,
+    id: u32,
+    start: u64,
+    end: u64,
+    f: &mut F,
+) {
+    if id == NIL {
+        return;
+    }
+    let n = nodes.node(id);
+    if n.max_end <= start {
+        // Everything below ends at or before `start`.
+        return;
+    }
+    overlap_at(nodes, n.left, start, end, f);
+    if n.start >= end {
+        // This node and its right subtree start at or after `end`.
+        return;
+    }
+    if n.end > start {
+        f(id);
+    }
+    overlap_at(nodes, n.right, start, end, f);
+}
+
+impl IntervalIndex {
+    /// An empty index.
+    pub(crate) const fn new() -> Self {
+        Self { root: NIL, len: 0 }
+    }
+
+    /// Number of nodes in the index.
+    // Part of the index's interface (tests, statistics); the notifier does not need it yet.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the index has no node.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Inserts node `id`, whose `start`/`end` the caller has set (`start < end`).
+    ///
+    /// The key is `(start, id)`, so equal ranges are fine. `id` must not be [`NIL`] nor already
+    /// in this tree. O(log n); never allocates.
+    pub(crate) fn insert<N: Nodes + ?Sized>(&mut self, nodes: &mut N, id: u32) {
+        debug_assert_ne!(id, NIL, "NIL is not a node id");
+        debug_assert!(
+            !self.contains(nodes, id),
+            "node {id} is already in the index"
+        );
+        let node = nodes.node_mut(id);
+        debug_assert!(node.start < node.end, "empty or inverted range");
+        *node = Node::new(node.start, node.end);
+        let start = node.start;
+        self.root = insert_at(nodes, self.root, id, start);
+        self.len += 1;
+    }
+
+    /// Removes node `id`, which must be in this tree (with the `start` it was inserted with).
+    ///
+    /// O(log n); never allocates. Removing a node that is not in the tree leaves the tree
+    /// unchanged (and fails a debug assertion).
+    pub(crate) fn remove<N: Nodes + ?Sized>(&mut self, nodes: &mut N, id: u32) {
+        let start = nodes.node(id).start;
+        let mut found = false;
+        self.root = remove_at(nodes, self.root, id, start, &mut found);
+        debug_assert!(found, "node {id} is not in the index");
+        if found {
+            self.len -= 1;
+        }
+    }
+
+    /// Calls `f(id)` for every node with `node.start < end && node.end > start`, in
+    /// `(start, id)` order.
+    ///
+    /// The condition is taken literally, so an empty query `[a, a)` reports the nodes that
+    /// contain both `a - 1` and `a`.
+    ///
+    /// Never allocates; recursion depth is at most the tree height. Visits O(log n) nodes plus,
+    /// for each reported node, at most its path to the root not already visited: O(log n + k)
+    /// when the hits are clustered in key order, O(log n + k log(n/k)) in the worst case.
+    pub(crate) fn for_each_overlap<N: Nodes + ?Sized>(
+        &self,
+        nodes: &N,
+        start: u64,
+        end: u64,
+        mut f: impl FnMut(u32),
+    ) {
+        overlap_at(nodes, self.root, start, end, &mut f);
+    }
+
+    /// Whether node `id` (with its current `start`) is in this tree. O(log n).
+    pub(crate) fn contains<N: Nodes + ?Sized>(&self, nodes: &N, id: u32) -> bool {
+        let start = nodes.node(id).start;
+        let mut cur = self.root;
+        while cur != NIL {
+            let c = nodes.node(cur);
+            cur = match cmp_key(start, id, c.start, cur) {
+                Ordering::Equal => return true,
+                Ordering::Less => c.left,
+                Ordering::Greater => c.right,
+            };
+        }
+        false
+    }
+
+    /// Checks every invariant (ordering, AVL balance, heights, `max_end`, `len`); panics with
+    /// a description of the first violation.
+    #[cfg(test)]
+    pub(crate) fn check_invariants<N: Nodes + ?Sized>(&self, nodes: &N) {
+        /// Returns `(height, max_end, count)` of the subtree at `id`, whose keys must lie
+        /// strictly between `lo` and `hi`.
+        fn walk<N: Nodes + ?Sized>(
+            nodes: &N,
+            id: u32,
+            lo: Option<(u64, u32)>,
+            hi: Option<(u64, u32)>,
+        ) -> (u8, u64, usize) {
+            if id == NIL {
+                return (0, 0, 0);
+            }
+            let n = *nodes.node(id);
+            let key = (n.start, id);
+            assert!(n.start < n.end, "node {id}: empty range");
+            if let Some(lo) = lo {
+                assert!(lo < key, "node {id}: ordering (low)");
+            }
+            if let Some(hi) = hi {
+                assert!(key < hi, "node {id}: ordering (high)");
+            }
+            let (hl, ml, cl) = walk(nodes, n.left, lo, Some(key));
+            let (hr, mr, cr) = walk(nodes, n.right, Some(key), hi);
+            assert!(hl.abs_diff(hr) <= 1, "node {id}: unbalanced ({hl} vs {hr})");
+            assert_eq!(n.height, hl.max(hr) + 1, "node {id}: height");
+            assert_eq!(n.max_end, n.end.max(ml).max(mr), "node {id}: max_end");
+            (n.height, n.max_end, cl + cr + 1)
+        }
+        let (_, _, count) = walk(nodes, self.root, None, None);
+        assert_eq!(count, self.len, "len");
+    }
+
+    /// Height of the tree (0 when empty).
+    #[cfg(test)]
+    fn height<N: Nodes + ?Sized>(&self, nodes: &N) -> u8 {
+        height(nodes, self.root)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// One step of a random sequence.
+    #[derive(Clone, Debug)]
+    enum Op {
+        /// Insert a new node `[start, start + len)`.
+        Insert(u64, u64),
+        /// Remove the live node chosen by this selector (modulo the live count).
+        Remove(usize),
+        /// Query `[start, start + len)`.
+        Query(u64, u64),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            3 => (0u64..200, 1u64..40).prop_map(|(s, l)| Op::Insert(s, l)),
+            2 => any::<usize>().prop_map(Op::Remove),
+            2 => (0u64..240, 0u64..60).prop_map(|(s, l)| Op::Query(s, l)),
+        ]
+    }
+
+    fn query(index: &IntervalIndex, nodes: &Vec<Node>, start: u64, end: u64) -> Vec<u32> {
+        let mut got = Vec::new();
+        index.for_each_overlap(nodes, start, end, |id| got.push(id));
+        got
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+        #[test]
+        fn matches_naive_model(ops in prop::collection::vec(op(), 1..300)) {
+            let mut nodes: Vec<Node> = Vec::new();
+            let mut live: Vec<u32> = Vec::new();
+            let mut index = IntervalIndex::new();
+            for op in ops {
+                match op {
+                    Op::Insert(s, l) => {
+                        let id = nodes.len() as u32;
+                        nodes.push(Node { start: s, end: s + l, ..Node::default() });
+                        index.insert(&mut nodes, id);
+                        live.push(id);
+                    }
+                    Op::Remove(sel) => {
+                        if live.is_empty() {
+                            continue;
+                        }
+                        let id = live.swap_remove(sel % live.len());
+                        index.remove(&mut nodes, id);
+                        prop_assert!(!index.contains(&nodes, id));
+                    }
+                    Op::Query(s, l) => {
+                        let mut got = query(&index, &nodes, s, s + l);
+                        // Reported in key order.
+                        let keys: Vec<_> = got.iter().map(|&id| (nodes[id as usize].start, id)).collect();
+                        prop_assert!(keys.windows(2).all(|w| w[0] < w[1]));
+                        got.sort_unstable();
+                        let mut want: Vec<u32> = live
+                            .iter()
+                            .copied()
+                            .filter(|&id| {
+                                let n = &nodes[id as usize];
+                                n.start < s + l && n.end > s
+                            })
+                            .collect();
+                        want.sort_unstable();
+                        prop_assert_eq!(got, want);
+                    }
+                }
+                index.check_invariants(&nodes);
+                prop_assert_eq!(index.len(), live.len());
+                prop_assert_eq!(index.is_empty(), live.is_empty());
+            }
+        }
+    }
+
+    #[test]
+    fn equal_ranges_coexist() {
+        let mut nodes = vec![Node::new(10, 20); 5];
+        let mut index = IntervalIndex::new();
+        for id in 0..5 {
+            index.insert(&mut nodes, id);
+        }
+        index.check_invariants(&nodes);
+        assert_eq!(query(&index, &nodes, 15, 16), vec![0, 1, 2, 3, 4]);
+        index.remove(&mut nodes, 2);
+        index.check_invariants(&nodes);
+        assert_eq!(query(&index, &nodes, 0, 11), vec![0, 1, 3, 4]);
+        assert!(query(&index, &nodes, 20, 30).is_empty());
+        assert!(query(&index, &nodes, 0, 10).is_empty());
+        assert_eq!(query(&index, &nodes, 15, 15), vec![0, 1, 3, 4]);
+        assert!(query(&index, &nodes, 10, 10).is_empty());
+    }
+
+    #[test]
+    fn reinsert_after_remove() {
+        let mut nodes = vec![Node::new(0, 4096), Node::new(4096, 8192)];
+        let mut index = IntervalIndex::new();
+        index.insert(&mut nodes, 0);
+        index.insert(&mut nodes, 1);
+        index.remove(&mut nodes, 0);
+        nodes[0] = Node::new(8192, 12288);
+        index.insert(&mut nodes, 0);
+        index.check_invariants(&nodes);
+        assert_eq!(query(&index, &nodes, 0, u64::MAX), vec![1, 0]);
+    }
+
+    /// xorshift64*, deterministic and dependency-free.
+    fn next(state: &mut u64) -> u64 {
+        *state ^= *state >> 12;
+        *state ^= *state << 25;
+        *state ^= *state >> 27;
+        state.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    #[test]
+    fn many_nodes() {
+        let n: u32 = if cfg!(debug_assertions) {
+            200_000
+        } else {
+            1_000_000
+        };
+        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        let mut nodes: Vec<Node> = (0..n)
+            .map(|_| {
+                let start = (next(&mut rng) % (1 << 40)) & !0xfff;
+                let len = ((next(&mut rng) % 64) + 1) << 12;
+                Node::new(start, start + len)
+            })
+            .collect();
+        let mut index = IntervalIndex::new();
+        for id in 0..n {
+            index.insert(&mut nodes, id);
+        }
+        assert_eq!(index.len(), n as usize);
+        let bound = 1.45 * f64::from(n + 2).log2();
+        assert!(f64::from(index.height(&nodes)) <= bound);
+        index.check_invariants(&nodes);
+        for _ in 0..20 {
+            let start = next(&mut rng) % (1 << 40);
+            let end = start + (next(&mut rng) % (1 << 24)) + 1;
+            let mut got = query(&index, &nodes, start, end);
+            got.sort_unstable();
+            let want: Vec<u32> = (0..n)
+                .filter(|&id| {
+                    let node = &nodes[id as usize];
+                    node.start < end && node.end > start
+                })
+                .collect();
+            assert_eq!(got, want);
+        }
+        for id in (0..n).step_by(2) {
+            index.remove(&mut nodes, id);
+        }
+        assert_eq!(index.len(), (n / 2) as usize);
+        index.check_invariants(&nodes);
+    }
+}
