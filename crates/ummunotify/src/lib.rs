@@ -1,2 +1,84 @@
-//! ummunotify (work in progress).
+//! # ummunotify: know before you reuse a registration
+//!
+//! Registration caches (RDMA memory regions, io_uring fixed buffers, GPU host registrations) map
+//! virtual addresses to pinned pages. The hazard they face:
+//!
+//! ```text
+//! x = mmap(); register(x); send(x); munmap(x);
+//! y = mmap();            // y == x by chance
+//! send(y)                // cache hit on x's registration: the device reads x's old pages
+//! ```
+//!
+//! A [`Notifier`] tells the process, before the unmapping call returns, that the mappings behind
+//! a registered range changed, whatever made the change: libc or raw syscalls, `munmap`,
+//! `mremap`, `madvise`, `MAP_FIXED`, `brk`, io_uring's `IORING_OP_MADVISE`, `free()` in glibc.
+//! It is the 2010 `/dev/ummunotify` kernel patch, rebuilt in user space on userfaultfd:
+//!
+//! * register `[start, end)` with a 64-bit [`Cookie`]; overlapping ranges are fine;
+//! * check one region in O(1) with [`Notifier::is_valid`], or everything at once with one load
+//!   of the generation counter ([`Notifier::unchanged_since`]);
+//! * read coalesced [`Event`]s (at most one pending per region, never lost, bounded memory);
+//! * wait with `poll`/`epoll` on the notifier's fd ([`AsFd`](std::os::fd::AsFd)).
+//!
+//! ```no_run
+//! use ummunotify::{Cookie, Notifier};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let notifier = Notifier::new()?;
+//! let buf = vec![0u8; 1 << 20];
+//! let range = buf.as_ptr() as usize..buf.as_ptr() as usize + buf.len();
+//! let region = notifier.register(range, Cookie(7))?;
+//! let seen = notifier.generation()?;
+//!
+//! assert!(notifier.is_valid(region));     // two loads
+//! assert!(notifier.unchanged_since(seen)); // one load
+//! drop(buf);                               // free() unmaps the block...
+//! assert!(!notifier.is_valid(region));     // ...and the check sees it already
+//!
+//! for event in notifier.events()? {
+//!     println!("cookie {} changed in {:#x?} (hint: {})", event.cookie, event.range(), event.hint);
+//! }
+//! notifier.unregister(Cookie(7))?;
+//! # Ok(()) }
+//! ```
+//!
+//! See `docs/ARCHITECTURE.md` for the protocol that makes the invalidation visible before the
+//! unmapping call returns, and the rules that keep the event path deadlock-free.
 #![deny(unsafe_code)]
+#![deny(missing_docs)]
+#![cfg_attr(loom, allow(dead_code, unused_imports))]
+
+#[cfg(not(loom))]
+mod backend;
+#[cfg(not(loom))]
+mod coverage;
+#[cfg(not(loom))]
+mod error;
+#[cfg(not(loom))]
+mod event;
+#[cfg(not(loom))]
+mod fork;
+mod generation;
+#[cfg(not(loom))]
+mod index;
+#[cfg(not(loom))]
+mod notifier;
+mod primitive;
+#[cfg(not(loom))]
+mod region;
+#[cfg(not(loom))]
+mod segvec;
+#[cfg(not(loom))]
+mod sys;
+
+#[cfg(not(loom))]
+pub use backend::{probe, BackendReport};
+#[cfg(not(loom))]
+pub use error::{Error, Result, Unsupported};
+#[cfg(not(loom))]
+pub use event::Event;
+pub use generation::Generation;
+#[cfg(not(loom))]
+pub use notifier::{Notifier, ReadEvents, Stats};
+#[cfg(not(loom))]
+pub use region::{Cookie, Region};

@@ -1,0 +1,170 @@
+//! The userfaultfd backend: write-protect-mode registration (never write-protected, so no faults)
+//! with the non-cooperative `UNMAP`, `REMOVE` and `REMAP` events.
+pub(crate) mod monitor;
+pub(crate) mod sys;
+
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+use super::{BackendReport, Invalidation};
+use crate::Unsupported;
+use sys::feature;
+
+const REQUIRED: u64 = feature::EVENT_UNMAP | feature::EVENT_REMOVE | feature::EVENT_REMAP;
+
+/// An initialised userfaultfd context.
+pub(crate) struct Uffd {
+    fd: OwnedFd,
+    features: u64,
+    how: &'static str,
+}
+
+/// Opens a context the first way that works: the syscall, the syscall with
+/// `UFFD_USER_MODE_ONLY` (unprivileged), then `/dev/userfaultfd`.
+fn create() -> Result<(OwnedFd, &'static str), Unsupported> {
+    let flags = libc::O_CLOEXEC | libc::O_NONBLOCK;
+    let mut attempts = Vec::new();
+    let mut enosys = false;
+    for (how, res) in [
+        ("userfaultfd(2)", sys::userfaultfd(flags)),
+        (
+            "userfaultfd(2) with UFFD_USER_MODE_ONLY",
+            sys::userfaultfd(flags | sys::UFFD_USER_MODE_ONLY),
+        ),
+        ("/dev/userfaultfd", sys::userfaultfd_dev(flags)),
+    ] {
+        match res {
+            Ok(fd) => return Ok((fd, how)),
+            Err(e) => {
+                enosys |= e.raw_os_error() == Some(libc::ENOSYS);
+                attempts.push(format!("{how}: {e}"));
+            }
+        }
+    }
+    if enosys && !std::path::Path::new("/dev/userfaultfd").exists() {
+        return Err(Unsupported::NoUserfaultfd);
+    }
+    Err(Unsupported::PermissionDenied {
+        attempts: attempts.join("; "),
+    })
+}
+
+/// The features the kernel offers (a handshake on a throw-away context: `UFFDIO_API` may be
+/// issued only once per context).
+fn offered() -> Result<u64, Unsupported> {
+    let (fd, _) = create()?;
+    sys::api(fd.as_fd(), 0)
+        .map(|a| a.features)
+        .map_err(Unsupported::Other)
+}
+
+fn names(bits: u64) -> Vec<&'static str> {
+    (0..feature::NAMES.len())
+        .filter(|i| bits & (1 << i) != 0)
+        .map(|i| feature::NAMES[i])
+        .collect()
+}
+
+impl Uffd {
+    /// Opens and initialises a context with the events this crate needs, plus `WP_ASYNC` when
+    /// offered (it lets file-backed and SysV-shm mappings be watched).
+    pub(crate) fn open() -> Result<Uffd, Unsupported> {
+        let offered = offered()?;
+        if offered & REQUIRED != REQUIRED {
+            return Err(Unsupported::MissingFeatures {
+                missing: names(REQUIRED & !offered),
+            });
+        }
+        let wanted = REQUIRED | (offered & feature::WP_ASYNC);
+        let (fd, how) = create()?;
+        // The kernel answers with every feature it has, not the ones enabled: remember ours.
+        sys::api(fd.as_fd(), wanted).map_err(Unsupported::Other)?;
+        Ok(Uffd {
+            fd,
+            features: wanted,
+            how,
+        })
+    }
+
+    /// Starts watching `[start, end)` (page aligned). Idempotent for ranges this context watches.
+    pub(crate) fn watch(&self, start: u64, end: u64) -> io::Result<()> {
+        sys::register_wp(self.fd.as_fd(), start, end - start)
+    }
+
+    /// Stops watching `[start, end)`.
+    pub(crate) fn unwatch(&self, start: u64, end: u64) -> io::Result<()> {
+        sys::unregister(self.fd.as_fd(), start, end - start)
+    }
+
+    /// Whether file-backed and shm mappings can be watched.
+    pub(crate) fn has_wp_async(&self) -> bool {
+        self.features & feature::WP_ASYNC != 0
+    }
+
+    pub(crate) fn how(&self) -> &'static str {
+        self.how
+    }
+
+    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+/// Decodes a message into an [`Invalidation`]. Event path: no allocation.
+pub(crate) fn decode(msg: &sys::UffdMsg) -> Invalidation {
+    match msg.event {
+        sys::event::UNMAP => Invalidation::Unmap {
+            start: msg.arg[0],
+            end: msg.arg[1],
+        },
+        sys::event::REMOVE => Invalidation::Remove {
+            start: msg.arg[0],
+            end: msg.arg[1],
+        },
+        sys::event::REMAP => Invalidation::Remap {
+            from: msg.arg[0],
+            to: msg.arg[1],
+            len: msg.arg[2],
+        },
+        _ => Invalidation::Other,
+    }
+}
+
+/// What `umn doctor` prints about userfaultfd.
+pub(crate) fn probe() -> BackendReport {
+    let mut notes = Vec::new();
+    let kernel_features = offered().map(names).unwrap_or_default();
+    let status = Uffd::open().map(|u| {
+        if !u.has_wp_async() {
+            notes.push(
+                "no UFFD_FEATURE_WP_ASYNC: file-backed and SysV shm mappings can not be watched"
+                    .to_string(),
+            );
+        }
+        notes.push(
+            "not seen by userfaultfd (kernel sends no event): shmdt, MADV_GUARD_INSTALL, \
+             MADV_COLLAPSE, fallocate(PUNCH_HOLE)/ftruncate of a mapped file"
+                .to_string(),
+        );
+        format!(
+            "ok: opened with {}; features in use: {}",
+            u.how(),
+            names(u.features).join(" ")
+        )
+    });
+    if let Ok(v) = std::fs::read_to_string("/proc/sys/vm/unprivileged_userfaultfd") {
+        notes.push(format!("vm.unprivileged_userfaultfd = {}", v.trim()));
+    }
+    if let Ok(v) = std::fs::read_to_string("/proc/sys/vm/max_map_count") {
+        notes.push(format!(
+            "vm.max_map_count = {} (bounds how many separate watched ranges fit)",
+            v.trim()
+        ));
+    }
+    BackendReport {
+        name: "userfaultfd",
+        status,
+        kernel_features,
+        notes,
+    }
+}

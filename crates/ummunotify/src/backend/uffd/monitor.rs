@@ -1,0 +1,72 @@
+//! The monitor thread: the event path.
+//!
+//! # Rules (guarantee 4)
+//! Between the kernel telling us of a change and the region state being updated, this code:
+//! never allocates (the message buffer is on the stack, slots were reserved at registration),
+//! never frees, never unmaps, never logs, runs with every signal blocked, and takes only the index
+//! lock, which no user thread holds while it could be waiting for us. It marks itself busy before
+//! *each* single-message `read()` (see `crate::generation`). If it can not continue it marks the
+//! counter dead (every check fails) and keeps draining messages so no unmapping thread hangs.
+use std::io;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use super::{decode, sys};
+use crate::notifier::Shared;
+use crate::sys::{gettid, poll_readable, SignalsBlocked};
+
+/// Starts the monitor with every signal blocked (the mask is inherited at thread creation, so
+/// no signal can ever run a handler on it; the kernel routes process signals to other threads).
+pub(crate) fn spawn(shared: Arc<Shared>) -> io::Result<JoinHandle<()>> {
+    let _blocked = SignalsBlocked::new();
+    std::thread::Builder::new()
+        .name("ummunotify-mon".into())
+        .spawn(move || run(&shared))
+}
+
+fn run(shared: &Shared) {
+    shared.set_monitor_tid(gettid());
+    let mut msg = sys::UffdMsg::default();
+    let mut dead = false;
+    loop {
+        let (uffd_ready, stop) = match poll_readable(shared.uffd_fd(), shared.stop_fd()) {
+            Ok(r) => r,
+            Err(_) => {
+                // poll itself failing means our fds are gone: nothing can be watched any more.
+                shared.kill();
+                return;
+            }
+        };
+        if uffd_ready {
+            if dead {
+                // Keep releasing unmapping threads; the counter says DEAD already.
+                if sys::read_one(shared.uffd_fd(), &mut msg).is_err() {
+                    return;
+                }
+                continue;
+            }
+            shared.begin_message();
+            match sys::read_one(shared.uffd_fd(), &mut msg) {
+                Ok(Some(())) => {
+                    let inv = decode(&msg);
+                    if catch_unwind(AssertUnwindSafe(|| shared.apply(inv))).is_err() {
+                        shared.kill();
+                        dead = true;
+                    }
+                }
+                Ok(None) => {}
+                Err(_) => {
+                    shared.kill();
+                    dead = true;
+                }
+            }
+            shared.end_message();
+            // Messages first: a stop request waits until no unmapping thread is left waiting.
+            continue;
+        }
+        if stop {
+            return;
+        }
+    }
+}

@@ -1,0 +1,207 @@
+//! The userfaultfd kernel ABI: struct layouts, typed ioctls and feature bits.
+//!
+//! Debian 12's uapi headers (Linux 6.1) and the `libc` crate lack the newer feature bits, so the
+//! ABI is spelled out here and its layouts are checked against the kernel's sizes at compile time.
+//!
+//! # References
+//! - `userfaultfd(2)`, `ioctl_userfaultfd(2)`, `include/uapi/linux/userfaultfd.h`.
+#![allow(unsafe_code)] // This module is the only place that issues userfaultfd syscalls and ioctls.
+
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+
+/// `UFFD_API`: the only API version there is.
+pub(crate) const UFFD_API: u64 = 0xAA;
+/// `UFFD_USER_MODE_ONLY`: only faults from user mode; lets unprivileged users create a context.
+pub(crate) const UFFD_USER_MODE_ONLY: libc::c_int = 1;
+
+/// Feature bits of `struct uffdio_api`.
+pub(crate) mod feature {
+    pub(crate) const EVENT_REMAP: u64 = 1 << 2;
+    pub(crate) const EVENT_REMOVE: u64 = 1 << 3;
+    pub(crate) const EVENT_UNMAP: u64 = 1 << 6;
+    pub(crate) const WP_ASYNC: u64 = 1 << 15;
+    /// Names of all bits the 6.18 kernel advertises, for `umn doctor`.
+    pub(crate) const NAMES: [&str; 17] = [
+        "PAGEFAULT_FLAG_WP",
+        "EVENT_FORK",
+        "EVENT_REMAP",
+        "EVENT_REMOVE",
+        "MISSING_HUGETLBFS",
+        "MISSING_SHMEM",
+        "EVENT_UNMAP",
+        "SIGBUS",
+        "THREAD_ID",
+        "MINOR_HUGETLBFS",
+        "MINOR_SHMEM",
+        "EXACT_ADDRESS",
+        "WP_HUGETLBFS_SHMEM",
+        "WP_UNPOPULATED",
+        "POISON",
+        "WP_ASYNC",
+        "MOVE",
+    ];
+}
+
+/// `UFFDIO_REGISTER_MODE_WP`: register for write-protect faults (we never write-protect, so there
+/// are none; the registration exists to receive the non-cooperative events).
+pub(crate) const REGISTER_MODE_WP: u64 = 1 << 1;
+
+/// Event codes in `struct uffd_msg`.
+pub(crate) mod event {
+    pub(crate) const REMAP: u8 = 0x14;
+    pub(crate) const REMOVE: u8 = 0x15;
+    pub(crate) const UNMAP: u8 = 0x16;
+}
+
+/// `struct uffdio_api`.
+#[repr(C)]
+#[derive(Default)]
+pub(crate) struct UffdioApi {
+    pub api: u64,
+    pub features: u64,
+    pub ioctls: u64,
+}
+
+/// `struct uffdio_range`.
+#[repr(C)]
+pub(crate) struct UffdioRange {
+    pub start: u64,
+    pub len: u64,
+}
+
+/// `struct uffdio_register`.
+#[repr(C)]
+pub(crate) struct UffdioRegister {
+    pub range: UffdioRange,
+    pub mode: u64,
+    pub ioctls: u64,
+}
+
+/// `struct uffd_msg`: 8 bytes of header, then a 24-byte union. Kept as raw words; the accessors
+/// below decode the union members this crate uses.
+#[repr(C)]
+#[derive(Default, Clone, Copy)]
+pub(crate) struct UffdMsg {
+    pub event: u8,
+    reserved1: u8,
+    reserved2: u16,
+    reserved3: u32,
+    pub arg: [u64; 3],
+}
+
+const _: () = assert!(std::mem::size_of::<UffdioApi>() == 24);
+const _: () = assert!(std::mem::size_of::<UffdioRange>() == 16);
+const _: () = assert!(std::mem::size_of::<UffdioRegister>() == 32);
+const _: () = assert!(std::mem::size_of::<UffdMsg>() == 32);
+const _: () = assert!(std::mem::offset_of!(UffdMsg, arg) == 8);
+
+const fn ioc(dir: u32, nr: u32, size: usize) -> libc::c_ulong {
+    ((dir << 30) | ((size as u32) << 16) | (0xAA << 8) | nr) as libc::c_ulong
+}
+const IOC_READ: u32 = 2;
+const IOC_RW: u32 = 3;
+/// `UFFDIO_API = _IOWR(0xAA, 0x3F, struct uffdio_api)`.
+const UFFDIO_API: libc::c_ulong = ioc(IOC_RW, 0x3F, 24);
+/// `UFFDIO_REGISTER = _IOWR(0xAA, 0x00, struct uffdio_register)`.
+const UFFDIO_REGISTER: libc::c_ulong = ioc(IOC_RW, 0x00, 32);
+/// `UFFDIO_UNREGISTER = _IOR(0xAA, 0x01, struct uffdio_range)`.
+const UFFDIO_UNREGISTER: libc::c_ulong = ioc(IOC_READ, 0x01, 16);
+/// `USERFAULTFD_IOC_NEW = _IO(0xAA, 0x00)` on `/dev/userfaultfd`.
+const USERFAULTFD_IOC_NEW: libc::c_ulong = ioc(0, 0x00, 0);
+const _: () = assert!(UFFDIO_API == 0xC018_AA3F);
+const _: () = assert!(UFFDIO_REGISTER == 0xC020_AA00);
+const _: () = assert!(UFFDIO_UNREGISTER == 0x8010_AA01);
+
+fn cvt(ret: libc::c_long) -> io::Result<libc::c_long> {
+    if ret == -1 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+/// `userfaultfd(flags)`: a new, not yet initialised context.
+///
+/// # References
+/// - `userfaultfd(2)`
+pub(crate) fn userfaultfd(flags: libc::c_int) -> io::Result<OwnedFd> {
+    // SAFETY: the syscall takes one integer argument and returns a new fd or -1.
+    let fd = cvt(unsafe { libc::syscall(libc::SYS_userfaultfd, flags) })?;
+    // SAFETY: the kernel just returned this fd to us; nobody else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) })
+}
+
+/// `ioctl(/dev/userfaultfd, USERFAULTFD_IOC_NEW, flags)`: the device path to a new context.
+pub(crate) fn userfaultfd_dev(flags: libc::c_int) -> io::Result<OwnedFd> {
+    let dev = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/userfaultfd")?;
+    // SAFETY: USERFAULTFD_IOC_NEW takes an integer argument and returns a new fd or -1.
+    let fd = cvt(unsafe { libc::ioctl(dev.as_raw_fd(), USERFAULTFD_IOC_NEW, flags) } as _)?;
+    // SAFETY: the kernel just returned this fd to us; nobody else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) })
+}
+
+/// `UFFDIO_API`: the handshake; returns the features and ioctls the kernel grants.
+/// May be issued once per context (a second call is `EINVAL`).
+pub(crate) fn api(fd: BorrowedFd<'_>, features: u64) -> io::Result<UffdioApi> {
+    let mut arg = UffdioApi {
+        api: UFFD_API,
+        features,
+        ioctls: 0,
+    };
+    // SAFETY: UFFDIO_API reads and writes exactly one `struct uffdio_api`, which `arg` is.
+    cvt(unsafe { libc::ioctl(fd.as_raw_fd(), UFFDIO_API, &mut arg) } as _)?;
+    Ok(arg)
+}
+
+/// `UFFDIO_REGISTER` of `[start, start + len)` in write-protect mode.
+pub(crate) fn register_wp(fd: BorrowedFd<'_>, start: u64, len: u64) -> io::Result<()> {
+    let mut arg = UffdioRegister {
+        range: UffdioRange { start, len },
+        mode: REGISTER_MODE_WP,
+        ioctls: 0,
+    };
+    // SAFETY: UFFDIO_REGISTER reads and writes one `struct uffdio_register`, which `arg` is. It
+    // changes no memory of ours: it only marks the VMAs in the range.
+    cvt(unsafe { libc::ioctl(fd.as_raw_fd(), UFFDIO_REGISTER, &mut arg) } as _)?;
+    Ok(())
+}
+
+/// `UFFDIO_UNREGISTER` of `[start, start + len)`.
+pub(crate) fn unregister(fd: BorrowedFd<'_>, start: u64, len: u64) -> io::Result<()> {
+    let mut arg = UffdioRange { start, len };
+    // SAFETY: UFFDIO_UNREGISTER reads one `struct uffdio_range`, which `arg` is.
+    cvt(unsafe { libc::ioctl(fd.as_raw_fd(), UFFDIO_UNREGISTER, &mut arg) } as _)?;
+    Ok(())
+}
+
+/// Reads at most one message. `Ok(None)` when none is queued (the fd is non-blocking).
+///
+/// This is on the event path: no allocation, the buffer is the caller's.
+pub(crate) fn read_one(fd: BorrowedFd<'_>, msg: &mut UffdMsg) -> io::Result<Option<()>> {
+    // SAFETY: `msg` is 32 writable bytes, and we ask for at most 32.
+    let n = unsafe {
+        libc::read(
+            fd.as_raw_fd(),
+            (msg as *mut UffdMsg).cast(),
+            std::mem::size_of::<UffdMsg>(),
+        )
+    };
+    if n == -1 {
+        let e = io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::EAGAIN) | Some(libc::EINTR) => Ok(None),
+            _ => Err(e),
+        };
+    }
+    if n as usize != std::mem::size_of::<UffdMsg>() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "short userfaultfd message",
+        ));
+    }
+    Ok(Some(()))
+}

@@ -1,0 +1,799 @@
+//! [`Notifier`]: register ranges, check them in O(1), read coalesced events.
+//!
+//! # Event-path rules
+//!
+//! [`Shared::apply`] runs on the monitor thread between the kernel telling us of a change and the
+//! region state being updated. It never allocates, never frees, never unmaps, never logs, and
+//! takes only the `index` lock, which user threads hold only for short sections that do none of
+//! those things and run with every signal blocked (see `docs/ARCHITECTURE.md`, "Locks").
+#![allow(unsafe_code)] // Slot data lives in UnsafeCells guarded by the index lock; see `Locked`.
+
+use std::cell::UnsafeCell;
+use std::collections::HashMap;
+use std::io;
+use std::ops::Range;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::AtomicU64 as StdAtomicU64;
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+use crate::backend::uffd::{self, Uffd};
+use crate::backend::Invalidation;
+use crate::coverage::Coverage;
+use crate::event::{Event, Pending};
+use crate::generation::{self, Generation, DEAD, FORKED};
+use crate::index::{IntervalIndex, Node, Nodes, NIL};
+use crate::region::{Span, INVALID};
+use crate::segvec::SegVec;
+use crate::sys::{self, CounterPage, SignalsBlocked};
+use crate::{fork, Cookie, Error, Region, Result};
+
+/// One region's storage. `word` is read without locks; `node` and `data` only under the index
+/// lock (through [`Locked`]).
+#[derive(Default)]
+pub(crate) struct Slot {
+    word: AtomicU64,
+    node: UnsafeCell<Node>,
+    data: UnsafeCell<SlotData>,
+}
+
+// SAFETY: `node` and `data` are only accessed through `Locked`, which holds the index mutex;
+// `word` is atomic.
+unsafe impl Sync for Slot {}
+
+#[derive(Default)]
+struct SlotData {
+    cookie: u64,
+    span: Option<Span>,
+    pending: Pending,
+    /// Event-queue links (`NIL` = none).
+    prev: u32,
+    next: u32,
+    queued: bool,
+    /// The kernel's watch over some of this region's pages went away with an unmap; it must be
+    /// re-established before the region can be valid again.
+    coverage_lost: bool,
+    serial: u64,
+}
+
+/// State under the index lock (no allocation happens while it is held).
+struct IndexState {
+    tree: IntervalIndex,
+    head: u32,
+    tail: u32,
+    queued: usize,
+    /// The last `Remap`'s old range: the `Unmap` of the same range that follows it belongs to the
+    /// same mremap call and is not a second invalidation.
+    last_remap: (u64, u64),
+    /// Destinations of `Remap`s: the kernel's watch moved there and may cover pages no region
+    /// needs. Cleaned up by the next user call.
+    strays: [(u64, u64); STRAYS],
+    stray_len: usize,
+    stray_overflow: u64,
+}
+
+const STRAYS: usize = 32;
+
+/// State only user threads touch (the event path never takes this lock).
+struct Registry {
+    cookies: HashMap<u64, u32>,
+    coverage: Coverage,
+    free: Vec<u32>,
+    next_slot: u32,
+}
+
+/// Counters for diagnostics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Regions registered now.
+    pub regions: usize,
+    /// Kernel messages dequeued by the monitor.
+    pub messages: u64,
+    /// Region invalidations applied (one message can hit many regions).
+    pub invalidations: u64,
+    /// Events read by the user.
+    pub events_read: u64,
+    /// Events pending now.
+    pub pending: usize,
+    /// Disjoint page ranges the kernel watches for us.
+    pub coverage_segments: usize,
+    /// Moved watches that could not be cleaned up because the stray ring overflowed.
+    pub stray_overflows: u64,
+}
+
+pub(crate) struct Shared {
+    counter: CounterPage,
+    ready: AtomicBool,
+    ready_fd: OwnedFd,
+    stop_fd: OwnedFd,
+    slots: SegVec<Slot>,
+    index: Mutex<IndexState>,
+    registry: Mutex<Registry>,
+    uffd: Uffd,
+    strays_pending: AtomicBool,
+    messages: StdAtomicU64,
+    invalidations: StdAtomicU64,
+    events_read: StdAtomicU64,
+    monitor_tid: AtomicI32,
+}
+
+/// Proof that the index lock is held, and the only way to reach slot data.
+struct Locked<'a> {
+    st: MutexGuard<'a, IndexState>,
+    slots: &'a SegVec<Slot>,
+}
+
+/// Tree view over slots' nodes.
+struct SlotNodes<'a>(&'a SegVec<Slot>);
+
+impl Nodes for SlotNodes<'_> {
+    fn node(&self, id: u32) -> &Node {
+        let slot = self.0.get(id).expect("tree node id without a slot");
+        // SAFETY: a `SlotNodes` exists only inside `Locked` methods (index lock held), and
+        // `node_mut` needs `&mut self`, so no `&mut Node` is alive while this `&Node` is.
+        unsafe { &*slot.node.get() }
+    }
+    fn node_mut(&mut self, id: u32) -> &mut Node {
+        let slot = self.0.get(id).expect("tree node id without a slot");
+        // SAFETY: as in `node`; `&mut self` makes this the only live reference into any node.
+        unsafe { &mut *slot.node.get() }
+    }
+}
+
+impl Locked<'_> {
+    fn slot(&self, id: u32) -> &Slot {
+        self.slots.get(id).expect("slot id out of range")
+    }
+
+    /// Slot data of `id`.
+    #[allow(clippy::mut_from_ref)]
+    fn data(&self, id: u32) -> &mut SlotData {
+        // SAFETY: the index lock is held (`self.st`), and callers never keep two references to the
+        // same slot's data alive at once (every use below is a short statement sequence on one
+        // slot at a time).
+        unsafe { &mut *self.slot(id).data.get() }
+    }
+
+    fn dequeue(&mut self, id: u32) {
+        let (prev, next) = {
+            let d = self.data(id);
+            if !d.queued {
+                return;
+            }
+            d.queued = false;
+            (d.prev, d.next)
+        };
+        if prev == NIL {
+            self.st.head = next;
+        } else {
+            self.data(prev).next = next;
+        }
+        if next == NIL {
+            self.st.tail = prev;
+        } else {
+            self.data(next).prev = prev;
+        }
+        self.st.queued -= 1;
+    }
+
+    /// Event path: marks every region overlapping `[start, end)` invalid and queues it once.
+    /// Returns whether anything was newly queued.
+    fn invalidate(&mut self, start: u64, end: u64, unmap: bool, remap_tail: bool) -> (bool, u64) {
+        let mut newly = false;
+        let mut hits = 0u64;
+        let slots = self.slots;
+        let st = &mut *self.st;
+        let mut head = st.head;
+        let mut tail = st.tail;
+        let mut queued = st.queued;
+        st.tree
+            .for_each_overlap(&SlotNodes(slots), start, end, |id| {
+                let slot = slots.get(id).expect("tree node id without a slot");
+                // SAFETY: index lock held (we are inside a `Locked` method); `data` is a different
+                // cell from the `node` cells the tree walk borrows, and no other reference to this
+                // slot's data is alive.
+                let d = unsafe { &mut *slot.data.get() };
+                let Some(span) = d.span else { return };
+                hits += 1;
+                d.coverage_lost |= unmap;
+                slot.word.fetch_or(INVALID, Relaxed);
+                if remap_tail && d.pending.is_pending() {
+                    return; // the same mremap call as the Remap that already hit it
+                }
+                if d.pending.hit(span.start, span.end, start, end) {
+                    newly = true;
+                    d.prev = tail;
+                    d.next = NIL;
+                    d.queued = true;
+                    if tail == NIL {
+                        head = id;
+                    } else {
+                        let t = slots.get(tail).expect("queue id without a slot");
+                        // SAFETY: index lock held; `tail != id` (id was not queued), so this is
+                        // a different slot's data from `d`.
+                        unsafe { (*t.data.get()).next = id };
+                    }
+                    tail = id;
+                    queued += 1;
+                }
+            });
+        st.head = head;
+        st.tail = tail;
+        st.queued = queued;
+        (newly, hits)
+    }
+}
+
+impl Shared {
+    fn lock_index(&self) -> Locked<'_> {
+        Locked {
+            st: self.index.lock().unwrap_or_else(|p| p.into_inner()),
+            slots: &self.slots,
+        }
+    }
+
+    fn lock_registry(&self) -> MutexGuard<'_, Registry> {
+        self.registry.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn counter(&self) -> &AtomicU64 {
+        self.counter.word()
+    }
+
+    /// The monitor's step 5 for one message (see `crate::generation`). Event path.
+    pub(crate) fn apply(&self, inv: Invalidation) {
+        self.messages.fetch_add(1, Relaxed);
+        let mut l = self.lock_index();
+        let (newly, hits) = match inv {
+            Invalidation::Unmap { start, end } => {
+                let tail = l.st.last_remap == (start, end);
+                l.st.last_remap = (0, 0);
+                l.invalidate(start, end, true, tail)
+            }
+            Invalidation::Remove { start, end } => l.invalidate(start, end, false, false),
+            Invalidation::Remap { from, to, len } => {
+                let end = from.saturating_add(len);
+                l.st.last_remap = (from, end);
+                if l.st.stray_len < STRAYS {
+                    let i = l.st.stray_len;
+                    l.st.strays[i] = (to, to.saturating_add(len));
+                    l.st.stray_len += 1;
+                } else {
+                    l.st.stray_overflow += 1;
+                }
+                self.strays_pending.store(true, Release);
+                // MREMAP_DONTUNMAP leaves the old range mapped but the watch moved: treat the old
+                // range as having lost coverage.
+                l.invalidate(from, end, true, false)
+            }
+            Invalidation::Other => (false, 0),
+        };
+        self.invalidations.fetch_add(hits, Relaxed);
+        if newly && generation::set_ready(&self.ready) {
+            sys::eventfd_signal(self.ready_fd.as_fd());
+        }
+    }
+
+    /// Monitor steps 2–3.
+    pub(crate) fn begin_message(&self) {
+        if generation::begin_message(self.counter(), &self.ready) {
+            sys::eventfd_signal(self.ready_fd.as_fd());
+        }
+    }
+
+    /// Monitor step 6.
+    pub(crate) fn end_message(&self) {
+        generation::end_message(self.counter());
+    }
+
+    /// The monitor can not continue: every check fails from now on.
+    pub(crate) fn kill(&self) {
+        generation::kill(self.counter());
+        sys::eventfd_signal(self.ready_fd.as_fd());
+    }
+
+    pub(crate) fn uffd_fd(&self) -> BorrowedFd<'_> {
+        self.uffd.fd()
+    }
+
+    pub(crate) fn stop_fd(&self) -> BorrowedFd<'_> {
+        self.stop_fd.as_fd()
+    }
+
+    pub(crate) fn set_monitor_tid(&self, tid: i32) {
+        self.monitor_tid.store(tid, SeqCst);
+    }
+
+    fn alive(&self) -> Result<()> {
+        let c = self.counter().load(Acquire);
+        if c & FORKED != 0 {
+            Err(Error::Forked)
+        } else if c & DEAD != 0 {
+            Err(Error::MonitorDead)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Unwatches the destinations of moved watches that no region needs (registry lock held).
+    fn clean_strays(&self, reg: &mut Registry) {
+        if !self.strays_pending.swap(false, Acquire) {
+            return;
+        }
+        let mut strays = [(0u64, 0u64); STRAYS];
+        let n = {
+            let mut l = self.lock_index_blocked();
+            let n = l.st.stray_len;
+            strays[..n].copy_from_slice(&l.st.strays[..n]);
+            l.st.stray_len = 0;
+            n
+        };
+        for &(s, e) in &strays[..n] {
+            for (us, ue) in reg.coverage.uncovered(s, e) {
+                // The range may be partly unmapped by now; nothing to undo then.
+                let _ = self.uffd.unwatch(us, ue);
+            }
+        }
+    }
+
+    /// The index lock for a user thread: with every signal blocked while it is held.
+    fn lock_index_blocked(&self) -> UserLocked<'_> {
+        let signals = SignalsBlocked::new();
+        UserLocked {
+            locked: self.lock_index(),
+            _signals: signals,
+        }
+    }
+
+    /// Watches the page range of `span`, mapping kernel refusals to typed errors.
+    fn watch(&self, span: &Span) -> Result<()> {
+        let (s, e) = (span.page_start, span.page_end);
+        let unmapped = || !matches!(sys::is_mapped(s as usize, e as usize), Ok(true));
+        if unmapped() {
+            return Err(Error::Unmapped);
+        }
+        self.uffd.watch(s, e).map_err(|err| {
+            if unmapped() {
+                Error::Unmapped
+            } else {
+                watch_error(err)
+            }
+        })
+    }
+}
+
+/// Maps a refused `UFFDIO_REGISTER` on a mapped range to a typed error.
+fn watch_error(e: io::Error) -> Error {
+    match e.raw_os_error() {
+        Some(libc::EBUSY) => Error::RangeBusy,
+        Some(libc::ENOMEM) => Error::CoverageLimit(e),
+        Some(libc::EINVAL) | Some(libc::EPERM) => Error::UnsupportedMapping(e),
+        _ => Error::Os {
+            op: "UFFDIO_REGISTER",
+            source: e,
+        },
+    }
+}
+
+/// The index lock held by a user thread. Field order matters: the lock is released before the
+/// signal mask is restored.
+struct UserLocked<'a> {
+    locked: Locked<'a>,
+    _signals: SignalsBlocked,
+}
+
+impl<'a> std::ops::Deref for UserLocked<'a> {
+    type Target = Locked<'a>;
+    fn deref(&self) -> &Locked<'a> {
+        &self.locked
+    }
+}
+impl std::ops::DerefMut for UserLocked<'_> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.locked
+    }
+}
+
+/// What [`Notifier::read_events`] returned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReadEvents {
+    /// Number of events written to the front of the buffer.
+    pub count: usize,
+    /// `Some` when the read drained the queue: the generation at that moment (the 2010
+    /// `UMMUNOTIFY_EVENT_TYPE_LAST` counter). While
+    /// [`unchanged_since`](Notifier::unchanged_since) this value, there is nothing to read.
+    pub drained: Option<Generation>,
+}
+
+/// Tells the process when the mappings behind registered ranges change.
+///
+/// See the [crate documentation](crate) for the model and an example. A `Notifier` is `Send` and
+/// `Sync`: share it by reference or in an `Arc`.
+pub struct Notifier {
+    shared: Arc<Shared>,
+    monitor: Option<JoinHandle<()>>,
+    fork_slot: fork::Slot,
+}
+
+impl Notifier {
+    /// Starts a notifier on the userfaultfd backend (one monitor thread).
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] says exactly why the backend can not start (no userfaultfd, refused
+    /// by seccomp or by `vm.unprivileged_userfaultfd`, missing event features).
+    pub fn new() -> Result<Notifier> {
+        let uffd = Uffd::open().map_err(Error::Unsupported)?;
+        let os = |op| move |source| Error::Os { op, source };
+        let counter = CounterPage::new().map_err(os("memfd_create"))?;
+        let ready_fd = sys::eventfd().map_err(os("eventfd"))?;
+        let stop_fd = sys::eventfd().map_err(os("eventfd"))?;
+        let shared = Arc::new(Shared {
+            counter,
+            ready: AtomicBool::new(false),
+            ready_fd,
+            stop_fd,
+            slots: SegVec::new(),
+            index: Mutex::new(IndexState {
+                tree: IntervalIndex::new(),
+                head: NIL,
+                tail: NIL,
+                queued: 0,
+                last_remap: (0, 0),
+                strays: [(0, 0); STRAYS],
+                stray_len: 0,
+                stray_overflow: 0,
+            }),
+            registry: Mutex::new(Registry {
+                cookies: HashMap::new(),
+                coverage: Coverage::new(),
+                free: Vec::new(),
+                next_slot: 0,
+            }),
+            uffd,
+            strays_pending: AtomicBool::new(false),
+            messages: StdAtomicU64::new(0),
+            invalidations: StdAtomicU64::new(0),
+            events_read: StdAtomicU64::new(0),
+            monitor_tid: AtomicI32::new(0),
+        });
+        let fork_slot = fork::Slot::new(shared.counter.addr()).ok_or(Error::Os {
+            op: "fork registration",
+            source: io::Error::other("too many live notifiers in this process"),
+        })?;
+        let monitor = uffd::monitor::spawn(shared.clone()).map_err(os("spawn monitor thread"))?;
+        Ok(Notifier {
+            shared,
+            monitor: Some(monitor),
+            fork_slot,
+        })
+    }
+
+    /// Registers `range` under `cookie` and starts watching it.
+    ///
+    /// The range is rounded out to pages for watching; events report it as given. Overlapping
+    /// and duplicate ranges are fine; cookies must be unique.
+    ///
+    /// # Errors
+    /// [`Error::EmptyRange`], [`Error::WrappingRange`], [`Error::Unmapped`],
+    /// [`Error::DuplicateCookie`], [`Error::RangeBusy`], [`Error::CoverageLimit`],
+    /// [`Error::UnsupportedMapping`]; the notifier is unchanged after any of them.
+    pub fn register(&self, range: Range<usize>, cookie: Cookie) -> Result<Region> {
+        let span = Span::new(range, sys::page_size())?;
+        let sh = &*self.shared;
+        sh.alive()?;
+        let mut reg = sh.lock_registry();
+        sh.clean_strays(&mut reg);
+        if reg.cookies.contains_key(&cookie.0) {
+            return Err(Error::DuplicateCookie(cookie));
+        }
+        // Room in the hash map and the slot table is made here, outside the index lock.
+        reg.cookies.reserve(1);
+        reg.free.reserve(1);
+        let id = match reg.free.last() {
+            Some(&id) => id,
+            None => reg.next_slot,
+        };
+        while sh.slots.capacity() <= id as usize {
+            sh.slots.grow();
+        }
+        let newly = reg.coverage.add(span.page_start, span.page_end);
+        let token = {
+            let mut l = sh.lock_index_blocked();
+            let d = l.data(id);
+            d.cookie = cookie.0;
+            d.span = Some(span);
+            d.pending = Pending::default();
+            d.queued = false;
+            d.coverage_lost = false;
+            d.serial += 1;
+            let expected = d.serial << 1;
+            let slot = l.slot(id);
+            // SAFETY: index lock held; the node cell is not borrowed elsewhere right now.
+            unsafe { *slot.node.get() = Node::new(span.start, span.end) };
+            slot.word.store(expected, Release);
+            let Locked { st, slots } = &mut l.locked;
+            st.tree.insert(&mut SlotNodes(slots), id);
+            Region { slot: id, expected }
+        };
+        // Watch the whole page range, even parts already covered: a watch lost with an unmap may
+        // have been replaced by a new mapping since (watching is idempotent).
+        if let Err(e) = sh.watch(&span) {
+            self.remove_slot(&mut reg, id, &span, &newly);
+            return Err(e);
+        }
+        // A racing unmap between the check in `watch` and the registration would have gone unseen.
+        if !matches!(
+            sys::is_mapped(span.page_start as usize, span.page_end as usize),
+            Ok(true)
+        ) {
+            self.remove_slot(&mut reg, id, &span, &newly);
+            return Err(Error::Unmapped);
+        }
+        if reg.free.last() == Some(&id) {
+            reg.free.pop();
+        } else {
+            reg.next_slot += 1;
+        }
+        reg.cookies.insert(cookie.0, id);
+        Ok(token)
+    }
+
+    /// Undoes the index and coverage part of a registration (registry lock held).
+    fn remove_slot(&self, reg: &mut Registry, id: u32, span: &Span, _added: &[(u64, u64)]) {
+        let sh = &*self.shared;
+        {
+            let mut l = sh.lock_index_blocked();
+            let Locked { st, slots } = &mut l.locked;
+            st.tree.remove(&mut SlotNodes(slots), id);
+            l.dequeue(id);
+            let d = l.data(id);
+            d.span = None;
+            d.pending = Pending::default();
+            d.serial += 1;
+            let dead = (d.serial << 1) | INVALID;
+            l.slot(id).word.store(dead, Release);
+        }
+        for (s, e) in reg.coverage.remove(span.page_start, span.page_end) {
+            // Parts may be unmapped already; the kernel dropped those watches itself.
+            let _ = sh.uffd.unwatch(s, e);
+        }
+    }
+
+    /// Unregisters the region named `cookie`; a pending event for it is discarded.
+    ///
+    /// # Errors
+    /// [`Error::UnknownCookie`] (nothing changes).
+    pub fn unregister(&self, cookie: Cookie) -> Result<()> {
+        let sh = &*self.shared;
+        sh.alive()?;
+        let mut reg = sh.lock_registry();
+        sh.clean_strays(&mut reg);
+        let Some(&id) = reg.cookies.get(&cookie.0) else {
+            return Err(Error::UnknownCookie(cookie));
+        };
+        let span = {
+            let l = sh.lock_index_blocked();
+            l.data(id).span.expect("registered slot without span")
+        };
+        reg.cookies.remove(&cookie.0);
+        self.remove_slot(&mut reg, id, &span, &[]);
+        reg.free.push(id);
+        Ok(())
+    }
+
+    /// A fresh token for the region named `cookie` (after its event was read and it re-armed).
+    pub fn region(&self, cookie: Cookie) -> Result<Region> {
+        let sh = &*self.shared;
+        sh.alive()?;
+        let reg = sh.lock_registry();
+        let Some(&id) = reg.cookies.get(&cookie.0) else {
+            return Err(Error::UnknownCookie(cookie));
+        };
+        let l = sh.lock_index_blocked();
+        Ok(Region {
+            slot: id,
+            expected: l.data(id).serial << 1,
+        })
+    }
+
+    /// The per-region check, O(1): false once any invalidation of the region's pages has
+    /// returned to its caller in any thread. Waits (microseconds) while the monitor is applying
+    /// a message. Always false in a forked child or after the monitor died.
+    #[inline]
+    pub fn is_valid(&self, region: Region) -> bool {
+        match self.shared.slots.get(region.slot) {
+            Some(slot) => {
+                generation::region_valid(self.shared.counter(), &slot.word, region.expected)
+            }
+            None => false,
+        }
+    }
+
+    /// A stable snapshot of the generation counter (waits while the monitor is mid-message).
+    ///
+    /// # Errors
+    /// [`Error::Forked`], [`Error::MonitorDead`].
+    pub fn generation(&self) -> Result<Generation> {
+        match generation::wait_idle(self.shared.counter()) {
+            Ok(c) => Ok(Generation(c)),
+            Err(_) => self.shared.alive().map(|_| unreachable!("dead counter")),
+        }
+    }
+
+    /// The global fast path, one atomic load: true iff no invalidation message has been
+    /// dequeued since `snapshot` was taken (and the notifier is alive). When false, read events.
+    #[inline]
+    pub fn unchanged_since(&self, snapshot: Generation) -> bool {
+        generation::unchanged(self.shared.counter(), snapshot)
+    }
+
+    /// The live counter word (what the C API hands out as `const volatile uint64_t *`).
+    pub fn counter(&self) -> &AtomicU64 {
+        self.shared.counter()
+    }
+
+    /// A memfd whose first 8 bytes are the live counter: map it `PROT_READ, MAP_SHARED` to get
+    /// another view of [`counter`](Self::counter) (the 2010 ABI's `mmap` of the device).
+    pub fn counter_fd(&self) -> BorrowedFd<'_> {
+        self.shared.counter.fd()
+    }
+
+    /// Moves pending events to the front of `buf` (re-arming their regions) and reports whether
+    /// the queue was drained, with the counter at that moment.
+    ///
+    /// # Errors
+    /// [`Error::Forked`], [`Error::MonitorDead`].
+    pub fn read_events(&self, buf: &mut [Event]) -> Result<ReadEvents> {
+        let sh = &*self.shared;
+        sh.alive()?;
+        let mut reg = sh.lock_registry();
+        sh.clean_strays(&mut reg);
+        let mut recover: Vec<(u32, u64, Span)> = Vec::with_capacity(buf.len().min(4096));
+        let mut n = 0;
+        let drained = loop {
+            if generation::wait_idle(sh.counter()).is_err() {
+                return sh.alive().map(|_| unreachable!("dead counter"));
+            }
+            let mut l = sh.lock_index_blocked();
+            while n < buf.len() && l.st.head != NIL {
+                if recover.len() == recover.capacity() {
+                    break; // re-cover these before taking more (no allocation under the lock)
+                }
+                let id = l.st.head;
+                l.dequeue(id);
+                let d = l.data(id);
+                let span = d.span.expect("queued slot without span");
+                let (s, e, hint) = d.pending.take();
+                buf[n] = Event {
+                    cookie: Cookie(d.cookie),
+                    start: s as usize,
+                    end: e as usize,
+                    hint,
+                };
+                n += 1;
+                if d.coverage_lost {
+                    recover.push((id, d.serial, span));
+                } else {
+                    d.serial += 1;
+                    let w = d.serial << 1;
+                    l.slot(id).word.store(w, Release);
+                }
+            }
+            if l.st.head != NIL {
+                break None;
+            }
+            let c = sh.counter().load(SeqCst);
+            if c & generation::BUSY == 0 {
+                if generation::reset_ready(sh.counter(), &sh.ready, || {
+                    sys::eventfd_drain(sh.ready_fd.as_fd())
+                }) {
+                    sys::eventfd_signal(sh.ready_fd.as_fd());
+                }
+                break Some(Generation(c));
+            }
+            if n == buf.len() {
+                break None;
+            }
+            // The monitor is mid-message (maybe waiting for this lock): let it finish.
+        };
+        sh.events_read.fetch_add(n as u64, Relaxed);
+        for (id, serial, span) in recover {
+            self.recover(id, serial, &span);
+        }
+        Ok(ReadEvents { count: n, drained })
+    }
+
+    /// Re-arms a region whose watch was lost with an unmap: watch its pages again, then make it
+    /// valid if nothing hit it meanwhile. A region whose pages are not all mapped stays invalid.
+    fn recover(&self, id: u32, serial: u64, span: &Span) {
+        let sh = &*self.shared;
+        if sh.watch(span).is_err() {
+            return;
+        }
+        let l = sh.lock_index_blocked();
+        let d = l.data(id);
+        if d.serial == serial && d.span.is_some() && !d.pending.is_pending() {
+            d.coverage_lost = false;
+            d.serial += 1;
+            let w = d.serial << 1;
+            l.slot(id).word.store(w, Release);
+        }
+    }
+
+    /// Reads every pending event into a new vector (convenience over [`read_events`](Self::read_events)).
+    pub fn events(&self) -> Result<Vec<Event>> {
+        let mut out = Vec::new();
+        let mut buf = [Event::default(); 64];
+        loop {
+            let r = self.read_events(&mut buf)?;
+            out.extend_from_slice(&buf[..r.count]);
+            if r.drained.is_some() {
+                return Ok(out);
+            }
+        }
+    }
+
+    /// Counters for diagnostics.
+    pub fn stats(&self) -> Stats {
+        let sh = &*self.shared;
+        let (regions, coverage_segments) = {
+            let reg = sh.lock_registry();
+            (reg.cookies.len(), reg.coverage.segments())
+        };
+        let (pending, stray_overflows) = {
+            let l = sh.lock_index_blocked();
+            (l.st.queued, l.st.stray_overflow)
+        };
+        Stats {
+            regions,
+            messages: sh.messages.load(Relaxed),
+            invalidations: sh.invalidations.load(Relaxed),
+            events_read: sh.events_read.load(Relaxed),
+            pending,
+            coverage_segments,
+            stray_overflows,
+        }
+    }
+
+    /// The kernel thread id of the monitor (0 before it started), for diagnostics and tests
+    /// (for example, to check that it never allocates).
+    pub fn monitor_tid(&self) -> i32 {
+        self.shared.monitor_tid.load(SeqCst)
+    }
+}
+
+impl AsFd for Notifier {
+    /// Readable while events are pending — and already while the monitor is taking a message, so
+    /// a `poll` with timeout 0 right after an unmapping call returned sees it.
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.shared.ready_fd.as_fd()
+    }
+}
+
+impl std::fmt::Debug for Notifier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Notifier")
+            .field("counter", &self.shared.counter().load(Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Notifier {
+    fn drop(&mut self) {
+        self.fork_slot.release();
+        let forked = self.shared.counter().load(SeqCst) & FORKED != 0;
+        let Some(monitor) = self.monitor.take() else {
+            return;
+        };
+        if forked {
+            // The monitor thread does not exist in a child; joining it would never return.
+            std::mem::forget(monitor);
+            return;
+        }
+        sys::eventfd_signal(self.shared.stop_fd());
+        let _ = monitor.join();
+    }
+}

@@ -1,0 +1,87 @@
+//! Regions: what a caller registers, and the token that checks one in O(1).
+use std::fmt;
+use std::ops::Range;
+
+use crate::{Error, Result};
+
+/// The caller's 64-bit name for a region, unique within one notifier (as in the 2010 ABI).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct Cookie(pub u64);
+
+impl From<u64> for Cookie {
+    fn from(v: u64) -> Cookie {
+        Cookie(v)
+    }
+}
+
+impl fmt::Display for Cookie {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:#x}", self.0)
+    }
+}
+
+/// A token for one registered region, returned by [`Notifier::register`](crate::Notifier::register).
+///
+/// [`Notifier::is_valid`](crate::Notifier::is_valid) checks it with two loads. A token taken
+/// before an invalidation never reads valid again, even after the region is re-armed by reading
+/// its event: ask [`Notifier::region`](crate::Notifier::region) for a fresh token then.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Region {
+    pub(crate) slot: u32,
+    pub(crate) expected: u64,
+}
+
+/// The low bit of a slot's validity word.
+pub(crate) const INVALID: u64 = 1;
+
+/// A validated caller range plus its page-rounded cover.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Span {
+    pub start: u64,
+    pub end: u64,
+    pub page_start: u64,
+    pub page_end: u64,
+}
+
+impl Span {
+    /// Validates `range` (guarantee 5: empty and wrapping ranges are typed errors).
+    pub(crate) fn new(range: Range<usize>, page: usize) -> Result<Span> {
+        if range.end == range.start {
+            return Err(Error::EmptyRange);
+        }
+        if range.end < range.start {
+            return Err(Error::WrappingRange);
+        }
+        let page = page as u64;
+        let (start, end) = (range.start as u64, range.end as u64);
+        let page_start = start & !(page - 1);
+        let page_end = end.checked_add(page - 1).ok_or(Error::WrappingRange)? & !(page - 1);
+        Ok(Span {
+            start,
+            end,
+            page_start,
+            page_end,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spans() {
+        assert!(matches!(Span::new(5..5, 4096), Err(Error::EmptyRange)));
+        #[allow(clippy::reversed_empty_ranges)]
+        let r = 10..5;
+        assert!(matches!(Span::new(r, 4096), Err(Error::WrappingRange)));
+        assert!(matches!(
+            Span::new(usize::MAX - 10..usize::MAX, 4096),
+            Err(Error::WrappingRange)
+        ));
+        let s = Span::new(4100..8200, 4096).unwrap();
+        assert_eq!((s.page_start, s.page_end), (4096, 12288));
+        let s = Span::new(4096..8192, 4096).unwrap();
+        assert_eq!((s.page_start, s.page_end), (4096, 8192));
+    }
+}
