@@ -7,7 +7,7 @@
 //!
 //! Counter word: bit 63 `DEAD`, bit 62 `FORKED`, bit 0 `BUSY`, and a count that grows by two per
 //! message. A stable snapshot is always even and never has `DEAD`.
-use crate::primitive::{backoff, AtomicBool, AtomicU64};
+use crate::primitive::{backoff, AtomicU64};
 use std::sync::atomic::Ordering::{Acquire, Release, SeqCst};
 
 /// The monitor is between committing to dequeue a message and finishing applying it.
@@ -28,14 +28,13 @@ impl Generation {
     }
 }
 
-/// Monitor, step 2–3: mark busy, then make the readiness fd readable if it was not.
-/// Returns whether the caller must signal the readiness fd (the flag went false → true).
+/// Monitor, step 2: mark busy. Called with the index lock held, right before the
+/// single-message `read()` that releases the unmapping thread.
 #[inline]
-pub(crate) fn begin_message(counter: &AtomicU64, ready: &AtomicBool) -> bool {
-    // SeqCst: this increment must be ordered before the read() that releases the unmapping
-    // thread (the syscall is a full barrier; SeqCst also pairs with `reset_ready`'s reload).
+pub(crate) fn begin_message(counter: &AtomicU64) {
+    // SeqCst: ordered before the read() syscall (itself a full barrier) that releases the
+    // unmapping thread, so every load made after that thread returns sees BUSY or later.
     counter.fetch_add(BUSY, SeqCst);
-    !ready.swap(true, SeqCst)
 }
 
 /// Monitor, step 6: the message has been applied; publish with Release so a checker that
@@ -83,25 +82,123 @@ pub(crate) fn region_valid(counter: &AtomicU64, word: &AtomicU64, expected: u64)
     word.load(Acquire) == expected
 }
 
-/// Clears readiness when the event queue is empty (caller holds the index lock), in the order
-/// that pairs with [`begin_message`]: drain the fd, clear the flag, then reload the counter. If
-/// the monitor went busy meanwhile, readiness is set again. Returns whether the caller must
-/// signal the fd again.
-pub(crate) fn reset_ready(
-    counter: &AtomicU64,
-    ready: &AtomicBool,
-    drain_fd: impl FnOnce(),
-) -> bool {
-    drain_fd();
-    ready.store(false, SeqCst);
-    if counter.load(SeqCst) & BUSY != 0 {
-        return !ready.swap(true, SeqCst);
-    }
-    false
-}
+/// The protocol under loom: the monitor's steps against a checker that runs after the unmapping
+/// call returned. Run with `RUSTFLAGS="--cfg loom" cargo test -p ummunotify --lib --release loom`.
+#[cfg(all(test, loom))]
+mod loom_model {
+    use super::*;
+    use crate::primitive::{AtomicBool, AtomicU64};
+    use loom::sync::{Arc, Mutex};
+    use std::sync::atomic::Ordering::{Acquire, Relaxed, SeqCst};
 
-/// Sets readiness after events were queued (caller holds the index lock). Returns whether the
-/// caller must signal the fd.
-pub(crate) fn set_ready(ready: &AtomicBool) -> bool {
-    !ready.swap(true, SeqCst)
+    /// What the index lock guards, reduced to the protocol's part.
+    #[derive(Default)]
+    struct Locked {
+        queued: bool,
+        ready: bool,
+    }
+
+    /// One notifier with one region, and the kernel's side of one unmapping call.
+    struct World {
+        counter: AtomicU64,
+        word: AtomicU64,
+        index: Mutex<Locked>,
+        /// The eventfd's counter (readable iff non-zero).
+        fd: AtomicU64,
+        /// The kernel's wake-up of the unmapping thread, done by the monitor's read().
+        released: AtomicBool,
+    }
+
+    fn world(ready: bool) -> Arc<World> {
+        Arc::new(World {
+            counter: AtomicU64::new(0),
+            word: AtomicU64::new(2),
+            index: Mutex::new(Locked {
+                queued: false,
+                ready,
+            }),
+            fd: AtomicU64::new(ready as u64),
+            released: AtomicBool::new(false),
+        })
+    }
+
+    /// The monitor handling one message that invalidates the region (notifier.rs, in order).
+    fn monitor(w: &World) {
+        {
+            let mut l = w.index.lock().unwrap();
+            begin_message(&w.counter);
+            if !l.ready {
+                l.ready = true;
+                w.fd.fetch_add(1, SeqCst);
+            }
+        }
+        // read(): dequeues the message and releases the unmapping thread (a full barrier).
+        w.released.store(true, SeqCst);
+        {
+            let mut l = w.index.lock().unwrap();
+            w.word.fetch_or(1, Relaxed);
+            l.queued = true;
+            if !l.ready {
+                l.ready = true;
+                w.fd.fetch_add(1, SeqCst);
+            }
+        }
+        end_message(&w.counter);
+    }
+
+    /// A reader that finds the queue empty and clears readiness (notifier.rs `read_events`).
+    fn reader(w: &World) {
+        let mut l = w.index.lock().unwrap();
+        if !l.queued && w.counter.load(SeqCst) & BUSY == 0 && l.ready {
+            w.fd.store(0, SeqCst);
+            l.ready = false;
+        }
+    }
+
+    /// Guarantee 1: once the unmapping call returned, both checks fail.
+    #[test]
+    fn no_stale_check_after_return() {
+        loom::model(|| {
+            let w = world(false);
+            let snapshot = Generation(0);
+            let m = {
+                let w = w.clone();
+                loom::thread::spawn(move || monitor(&w))
+            };
+            // The unmapping thread, or any thread that synchronised with it after it returned.
+            if w.released.load(SeqCst) {
+                assert!(!unchanged(&w.counter, snapshot), "stale counter check");
+                assert!(!region_valid(&w.counter, &w.word, 2), "stale region check");
+            }
+            m.join().unwrap();
+            assert!(!region_valid(&w.counter, &w.word, 2));
+            assert_eq!(w.counter.load(Acquire) & BUSY, 0);
+        });
+    }
+
+    /// Readiness: from the moment the unmapping call returns, the fd is readable, even with a
+    /// reader concurrently clearing readiness left over from an earlier event.
+    #[test]
+    fn readable_once_the_unmap_returned() {
+        loom::model(|| {
+            let w = world(true);
+            let r = {
+                let w = w.clone();
+                loom::thread::spawn(move || reader(&w))
+            };
+            let m = {
+                let w = w.clone();
+                loom::thread::spawn(move || monitor(&w))
+            };
+            if w.released.load(SeqCst) {
+                assert!(
+                    w.fd.load(SeqCst) != 0,
+                    "fd not readable after the unmap returned"
+                );
+            }
+            r.join().unwrap();
+            m.join().unwrap();
+            assert!(w.fd.load(SeqCst) != 0, "event queued but fd not readable");
+        });
+    }
 }

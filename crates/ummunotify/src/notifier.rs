@@ -72,6 +72,8 @@ struct IndexState {
     strays: [(u64, u64); STRAYS],
     stray_len: usize,
     stray_overflow: u64,
+    /// Whether the readiness eventfd has been signalled and not drained.
+    ready: bool,
 }
 
 const STRAYS: usize = 32;
@@ -106,7 +108,6 @@ pub struct Stats {
 
 pub(crate) struct Shared {
     counter: CounterPage,
-    ready: AtomicBool,
     ready_fd: OwnedFd,
     stop_fd: OwnedFd,
     slots: SegVec<Slot>,
@@ -272,16 +273,26 @@ impl Shared {
             Invalidation::Other => (false, 0),
         };
         self.invalidations.fetch_add(hits, Relaxed);
-        if newly && generation::set_ready(&self.ready) {
+        if newly {
+            self.signal_ready(&mut l);
+        }
+    }
+
+    /// Makes the readiness fd readable if it is not (index lock held).
+    fn signal_ready(&self, l: &mut Locked<'_>) {
+        if !l.st.ready {
+            l.st.ready = true;
             sys::eventfd_signal(self.ready_fd.as_fd());
         }
     }
 
-    /// Monitor steps 2–3.
+    /// Monitor steps 2–3: busy and readable together, under the index lock, right before the
+    /// read(). Taking the lock here is safe: no holder can be blocked waiting for us (holders
+    /// never unmap, free or allocate, and run with signals blocked).
     pub(crate) fn begin_message(&self) {
-        if generation::begin_message(self.counter(), &self.ready) {
-            sys::eventfd_signal(self.ready_fd.as_fd());
-        }
+        let mut l = self.lock_index();
+        generation::begin_message(self.counter());
+        self.signal_ready(&mut l);
     }
 
     /// Monitor step 6.
@@ -432,7 +443,6 @@ impl Notifier {
         let stop_fd = sys::eventfd().map_err(os("eventfd"))?;
         let shared = Arc::new(Shared {
             counter,
-            ready: AtomicBool::new(false),
             ready_fd,
             stop_fd,
             slots: SegVec::new(),
@@ -445,6 +455,7 @@ impl Notifier {
                 strays: [(0, 0); STRAYS],
                 stray_len: 0,
                 stray_overflow: 0,
+                ready: false,
             }),
             registry: Mutex::new(Registry {
                 cookies: HashMap::new(),
@@ -685,12 +696,13 @@ impl Notifier {
             if l.st.head != NIL {
                 break None;
             }
+            // BUSY is only set under this lock, together with readiness: if it is clear, no
+            // message is between its read() and its application, and the queue is truly empty.
             let c = sh.counter().load(SeqCst);
             if c & generation::BUSY == 0 {
-                if generation::reset_ready(sh.counter(), &sh.ready, || {
-                    sys::eventfd_drain(sh.ready_fd.as_fd())
-                }) {
-                    sys::eventfd_signal(sh.ready_fd.as_fd());
+                if l.st.ready {
+                    sys::eventfd_drain(sh.ready_fd.as_fd());
+                    l.st.ready = false;
                 }
                 break Some(Generation(c));
             }
