@@ -31,6 +31,21 @@ pub struct Region {
     pub(crate) expected: u64,
 }
 
+impl Region {
+    /// The token as two integers, for foreign-function interfaces (the C API's
+    /// `ummunotify_region`). Only meaningful to [`Region::from_raw`] on the same notifier.
+    pub fn to_raw(self) -> (u32, u64) {
+        (self.slot, self.expected)
+    }
+
+    /// Rebuilds a token from [`Region::to_raw`]. A forged value is harmless: checking it never
+    /// touches memory outside the notifier's slot table, it only answers for whatever slot it
+    /// names (false for a slot that does not exist).
+    pub fn from_raw(slot: u32, expected: u64) -> Region {
+        Region { slot, expected }
+    }
+}
+
 /// The low bit of a slot's validity word.
 pub(crate) const INVALID: u64 = 1;
 
