@@ -1,0 +1,450 @@
+//! The notifier: create/destroy, register/unregister, checks, the counter, events, the fd.
+use std::ffi::c_int;
+use std::os::fd::{AsFd, AsRawFd};
+use std::sync::atomic::Ordering::Acquire;
+
+use core_api::{Cookie, Event, Notifier, Region};
+
+use crate::boundary::guard;
+use crate::error::{fail, fail_arg, ummunotify_result, ummunotify_result::*};
+
+/// A notifier (opaque). Create with `ummunotify_notifier_new()`, release with
+/// `ummunotify_notifier_free()`. Every function taking a `const ummunotify_notifier *` may be
+/// called from any thread concurrently.
+pub struct ummunotify_notifier {
+    _private: [u8; 0],
+}
+
+/// The type of the live counter word: read it through a `const volatile uint64_t *` (the header
+/// declares `typedef volatile uint64_t ummunotify_counter_word;`).
+pub type ummunotify_counter_word = u64;
+
+/// A token for one registered region: checks it in O(1) with `ummunotify_notifier_is_valid()`.
+/// Copy it freely; its fields are opaque (do not interpret or change them).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ummunotify_region {
+    /// Opaque.
+    pub slot: u32,
+    /// Opaque (always 0).
+    pub reserved: u32,
+    /// Opaque.
+    pub tag: u64,
+}
+
+/// `ummunotify_event.flags`: exactly one invalidation hit the region before its event was read;
+/// `[start, end)` is that invalidation clipped to the region (otherwise it is the whole region).
+pub const UMMUNOTIFY_EVENT_FLAG_HINT: u32 = 1;
+
+/// Stored in `*drained` by `ummunotify_notifier_read_events()` when the queue was not drained.
+/// Never equal to a generation.
+pub const UMMUNOTIFY_GENERATION_NONE: u64 = u64::MAX;
+
+/// One invalidation event (at most one pending per region; reading it re-arms the region).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ummunotify_event {
+    /// The region's cookie.
+    pub cookie: u64,
+    /// Start of the reported range.
+    pub start: u64,
+    /// End (exclusive) of the reported range.
+    pub end: u64,
+    /// `UMMUNOTIFY_EVENT_FLAG_HINT` or 0.
+    pub flags: u32,
+    /// Always 0.
+    pub reserved: u32,
+}
+
+/// Counters for diagnostics, filled by `ummunotify_notifier_get_stats()`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ummunotify_notifier_stats {
+    /// Registered regions.
+    pub regions: u64,
+    /// Messages the monitor dequeued from the kernel.
+    pub messages: u64,
+    /// Region invalidations applied.
+    pub invalidations: u64,
+    /// Events handed to readers.
+    pub events_read: u64,
+    /// Events pending now.
+    pub pending: u64,
+    /// Disjoint page ranges watched with the kernel.
+    pub coverage_segments: u64,
+}
+
+/// Borrows the notifier behind a handle.
+///
+/// # Safety
+/// `n` must be NULL or a handle from `ummunotify_notifier_new()` not yet freed.
+unsafe fn borrow<'a>(n: *const ummunotify_notifier) -> Option<&'a Notifier> {
+    // SAFETY: (caller) a non-NULL handle points to a live `Notifier` boxed by `_new`.
+    unsafe { n.cast::<Notifier>().as_ref() }
+}
+
+macro_rules! notifier_or_null {
+    ($n:expr) => {
+        // SAFETY: (caller of the exported fn) `$n` is NULL or a live handle.
+        match unsafe { borrow($n) } {
+            Some(n) => n,
+            None => return fail_arg(UMMUNOTIFY_ERR_NULL_ARGUMENT, "notifier is NULL"),
+        }
+    };
+}
+
+/// Starts a notifier (one monitor thread) and stores its handle in `*out`.
+///
+/// Returns `UMMUNOTIFY_ERR_UNSUPPORTED` when userfaultfd can not be used here;
+/// `ummunotify_last_error()` then says exactly why (seccomp,
+/// `vm.unprivileged_userfaultfd`, missing kernel features).
+///
+/// # Safety
+/// `out` must be NULL or point to writable storage for one pointer.
+#[no_mangle]
+pub unsafe extern "C" fn ummunotify_notifier_new(
+    out: *mut *mut ummunotify_notifier,
+) -> ummunotify_result {
+    guard(UMMUNOTIFY_ERR_PANIC, || {
+        if out.is_null() {
+            return fail_arg(UMMUNOTIFY_ERR_NULL_ARGUMENT, "out is NULL");
+        }
+        match Notifier::new() {
+            Ok(n) => {
+                let h = Box::into_raw(Box::new(n)).cast::<ummunotify_notifier>();
+                // SAFETY: (caller) `out` is writable.
+                unsafe { out.write(h) };
+                UMMUNOTIFY_OK
+            }
+            Err(e) => fail(e),
+        }
+    })
+}
+
+/// Stops and releases a notifier (joins its monitor thread). NULL is a no-op. Regions need not
+/// be unregistered first. In a forked child this releases the child's copy without waiting for
+/// a thread the child does not have.
+///
+/// # Safety
+/// `n` must be NULL or a live handle, not used by any other thread during or after this call.
+#[no_mangle]
+pub unsafe extern "C" fn ummunotify_notifier_free(n: *mut ummunotify_notifier) {
+    guard((), || {
+        if !n.is_null() {
+            // SAFETY: (caller) `n` came from `Box::into_raw` in `_new` and is freed only here.
+            drop(unsafe { Box::from_raw(n.cast::<Notifier>()) });
+        }
+    })
+}
+
+/// Registers `[start, end)` under `cookie` (unique within this notifier; overlapping ranges are
+/// fine) and, if `region_out` is not NULL, stores a token for O(1) checks there.
+///
+/// Errors: `UMMUNOTIFY_ERR_EMPTY_RANGE`, `_WRAPPING_RANGE`, `_UNMAPPED`, `_DUPLICATE_COOKIE`,
+/// `_RANGE_BUSY`, `_COVERAGE_LIMIT`, `_UNSUPPORTED_MAPPING`, `_FORKED`, `_MONITOR_DEAD`; the
+/// notifier is unchanged after any of them.
+///
+/// # Safety
+/// `n` must be NULL or a live handle; `region_out` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn ummunotify_notifier_register(
+    n: *const ummunotify_notifier,
+    start: usize,
+    end: usize,
+    cookie: u64,
+    region_out: *mut ummunotify_region,
+) -> ummunotify_result {
+    guard(UMMUNOTIFY_ERR_PANIC, || {
+        let n = notifier_or_null!(n);
+        match n.register(start..end, Cookie(cookie)) {
+            Ok(r) => {
+                // SAFETY: (caller) `region_out` is NULL or writable.
+                unsafe { write_region(region_out, r) };
+                UMMUNOTIFY_OK
+            }
+            Err(e) => fail(e),
+        }
+    })
+}
+
+/// # Safety
+/// `out` must be NULL or writable.
+unsafe fn write_region(out: *mut ummunotify_region, r: Region) {
+    if !out.is_null() {
+        let (slot, tag) = r.to_raw();
+        // SAFETY: (caller) non-NULL `out` is writable.
+        unsafe {
+            out.write(ummunotify_region {
+                slot,
+                reserved: 0,
+                tag,
+            })
+        };
+    }
+}
+
+/// Unregisters the region named `cookie`; a pending event for it is discarded.
+/// `UMMUNOTIFY_ERR_UNKNOWN_COOKIE` if there is none.
+///
+/// # Safety
+/// `n` must be NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn ummunotify_notifier_unregister(
+    n: *const ummunotify_notifier,
+    cookie: u64,
+) -> ummunotify_result {
+    guard(UMMUNOTIFY_ERR_PANIC, || {
+        let n = notifier_or_null!(n);
+        match n.unregister(Cookie(cookie)) {
+            Ok(()) => UMMUNOTIFY_OK,
+            Err(e) => fail(e),
+        }
+    })
+}
+
+/// Stores in `*out` a fresh token for the region named `cookie` (take one after reading the
+/// region's event: a token taken before an invalidation never reads valid again).
+///
+/// # Safety
+/// `n` must be NULL or a live handle; `out` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn ummunotify_notifier_region(
+    n: *const ummunotify_notifier,
+    cookie: u64,
+    out: *mut ummunotify_region,
+) -> ummunotify_result {
+    guard(UMMUNOTIFY_ERR_PANIC, || {
+        let n = notifier_or_null!(n);
+        if out.is_null() {
+            return fail_arg(UMMUNOTIFY_ERR_NULL_ARGUMENT, "out is NULL");
+        }
+        match n.region(Cookie(cookie)) {
+            Ok(r) => {
+                // SAFETY: `out` is non-NULL and (caller) writable.
+                unsafe { write_region(out, r) };
+                UMMUNOTIFY_OK
+            }
+            Err(e) => fail(e),
+        }
+    })
+}
+
+/// The per-region check, O(1): false once any invalidation of the region's pages has returned to
+/// its caller in any thread (and in a forked child, after the monitor died, for a NULL notifier).
+/// May wait microseconds while the monitor is applying a message.
+///
+/// # Safety
+/// `n` must be NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn ummunotify_notifier_is_valid(
+    n: *const ummunotify_notifier,
+    region: ummunotify_region,
+) -> bool {
+    guard(false, || {
+        // SAFETY: (caller) `n` is NULL or a live handle.
+        match unsafe { borrow(n) } {
+            Some(n) => n.is_valid(Region::from_raw(region.slot, region.tag)),
+            None => false,
+        }
+    })
+}
+
+/// Stores a stable snapshot of the generation counter in `*out` (waits while the monitor is
+/// mid-message). `UMMUNOTIFY_ERR_FORKED` / `_MONITOR_DEAD` when no snapshot can be valid.
+///
+/// # Safety
+/// `n` must be NULL or a live handle; `out` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn ummunotify_notifier_generation(
+    n: *const ummunotify_notifier,
+    out: *mut u64,
+) -> ummunotify_result {
+    guard(UMMUNOTIFY_ERR_PANIC, || {
+        let n = notifier_or_null!(n);
+        if out.is_null() {
+            return fail_arg(UMMUNOTIFY_ERR_NULL_ARGUMENT, "out is NULL");
+        }
+        match n.generation() {
+            Ok(g) => {
+                // SAFETY: `out` is non-NULL and (caller) writable.
+                unsafe { out.write(g.value()) };
+                UMMUNOTIFY_OK
+            }
+            Err(e) => fail(e),
+        }
+    })
+}
+
+/// The global fast path, one load: true iff no invalidation message was dequeued since
+/// `generation` was taken. The same test C code can do inline with
+/// `ummunotify_notifier_counter()`: `*counter == generation`.
+///
+/// # Safety
+/// `n` must be NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn ummunotify_notifier_unchanged_since(
+    n: *const ummunotify_notifier,
+    generation: u64,
+) -> bool {
+    guard(false, || {
+        // SAFETY: (caller) `n` is NULL or a live handle.
+        match unsafe { borrow(n) } {
+            Some(n) => n.counter().load(Acquire) == generation,
+            None => false,
+        }
+    })
+}
+
+/// The live generation counter word, valid until the notifier is freed (NULL for a NULL
+/// notifier). `*counter == g` for a `g` from `ummunotify_notifier_generation()` or from `*drained`
+/// of `ummunotify_notifier_read_events()` means nothing changed since; any other value (odd: the
+/// monitor is mid-message; bit 63: dead or forked) means "read events". Read it with acquire
+/// semantics (`__atomic_load_n(p, __ATOMIC_ACQUIRE)`) where the compiler may reorder; the
+/// `volatile` qualifier guarantees a fresh load each time.
+///
+/// # Safety
+/// `n` must be NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn ummunotify_notifier_counter(
+    n: *const ummunotify_notifier,
+) -> *const ummunotify_counter_word {
+    guard(std::ptr::null(), || {
+        // SAFETY: (caller) `n` is NULL or a live handle.
+        match unsafe { borrow(n) } {
+            Some(n) => n.counter().as_ptr().cast_const(),
+            None => std::ptr::null(),
+        }
+    })
+}
+
+/// A file descriptor readable while events are pending (and already while the monitor is taking
+/// a message, so `poll(fd, 0)` right after an unmapping call returned sees it): use it with
+/// `poll`, `select` or `epoll`, never read it directly. Owned by the notifier (do not close it).
+/// -1 for a NULL notifier.
+///
+/// # Safety
+/// `n` must be NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn ummunotify_notifier_fd(n: *const ummunotify_notifier) -> c_int {
+    guard(-1, || {
+        // SAFETY: (caller) `n` is NULL or a live handle.
+        match unsafe { borrow(n) } {
+            Some(n) => n.as_fd().as_raw_fd(),
+            None => -1,
+        }
+    })
+}
+
+/// A memfd whose first 8 bytes are the live counter: `mmap(NULL, 8, PROT_READ, MAP_SHARED, fd,
+/// 0)` gives another view of `ummunotify_notifier_counter()` (for example in a helper that only
+/// has the fd). Owned by the notifier (do not close it). -1 for a NULL notifier.
+///
+/// # Safety
+/// `n` must be NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn ummunotify_notifier_counter_fd(n: *const ummunotify_notifier) -> c_int {
+    guard(-1, || {
+        // SAFETY: (caller) `n` is NULL or a live handle.
+        match unsafe { borrow(n) } {
+            Some(n) => n.counter_fd().as_raw_fd(),
+            None => -1,
+        }
+    })
+}
+
+/// Moves up to `capacity` pending events into `events` (re-arming their regions) and stores their
+/// number in `*count`. If the read drained the queue, `*drained` (when not NULL) receives the
+/// generation at that moment (the 2010 ABI's LAST counter): while `*counter` equals it there is
+/// nothing to read. Otherwise `*drained` receives `UMMUNOTIFY_GENERATION_NONE`: call again.
+/// Never blocks; `events` may be NULL only when `capacity` is 0.
+///
+/// # Safety
+/// `n` must be NULL or a live handle; `events` NULL or `capacity` writable elements; `count`
+/// NULL or writable; `drained` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn ummunotify_notifier_read_events(
+    n: *const ummunotify_notifier,
+    events: *mut ummunotify_event,
+    capacity: usize,
+    count: *mut usize,
+    drained: *mut u64,
+) -> ummunotify_result {
+    guard(UMMUNOTIFY_ERR_PANIC, || {
+        let n = notifier_or_null!(n);
+        if count.is_null() {
+            return fail_arg(UMMUNOTIFY_ERR_NULL_ARGUMENT, "count is NULL");
+        }
+        if events.is_null() && capacity > 0 {
+            return fail_arg(UMMUNOTIFY_ERR_NULL_ARGUMENT, "events is NULL");
+        }
+        // Chunks through a stack buffer: no allocation, and the C array keeps its own layout.
+        let mut buf = [Event::default(); 64];
+        let mut done = 0usize;
+        let last = loop {
+            let want = (capacity - done).min(buf.len());
+            let r = match n.read_events(&mut buf[..want]) {
+                Ok(r) => r,
+                Err(e) if done == 0 => return fail(e),
+                // Events already moved out must reach the caller: report them, not the error.
+                Err(_) => break None,
+            };
+            for (i, e) in buf[..r.count].iter().enumerate() {
+                let out = ummunotify_event {
+                    cookie: e.cookie.0,
+                    start: e.start as u64,
+                    end: e.end as u64,
+                    flags: if e.hint {
+                        UMMUNOTIFY_EVENT_FLAG_HINT
+                    } else {
+                        0
+                    },
+                    reserved: 0,
+                };
+                // SAFETY: `done + i < capacity` (r.count <= want), and (caller) `events` has
+                // `capacity` writable elements.
+                unsafe { events.add(done + i).write(out) };
+            }
+            done += r.count;
+            if r.drained.is_some() || done == capacity {
+                break r.drained;
+            }
+        };
+        // SAFETY: `count` is non-NULL and (caller) writable; `drained` NULL or writable.
+        unsafe {
+            count.write(done);
+            if !drained.is_null() {
+                drained.write(last.map_or(UMMUNOTIFY_GENERATION_NONE, |g| g.value()));
+            }
+        }
+        UMMUNOTIFY_OK
+    })
+}
+
+/// Fills `*out` with diagnostic counters.
+///
+/// # Safety
+/// `n` must be NULL or a live handle; `out` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn ummunotify_notifier_get_stats(
+    n: *const ummunotify_notifier,
+    out: *mut ummunotify_notifier_stats,
+) -> ummunotify_result {
+    guard(UMMUNOTIFY_ERR_PANIC, || {
+        let n = notifier_or_null!(n);
+        if out.is_null() {
+            return fail_arg(UMMUNOTIFY_ERR_NULL_ARGUMENT, "out is NULL");
+        }
+        let s = n.stats();
+        let stats = ummunotify_notifier_stats {
+            regions: s.regions as u64,
+            messages: s.messages,
+            invalidations: s.invalidations,
+            events_read: s.events_read,
+            pending: s.pending as u64,
+            coverage_segments: s.coverage_segments as u64,
+        };
+        // SAFETY: `out` is non-NULL and (caller) writable.
+        unsafe { out.write(stats) };
+        UMMUNOTIFY_OK
+    })
+}
