@@ -51,6 +51,8 @@
 #[cfg(not(loom))]
 mod backend;
 #[cfg(not(loom))]
+pub mod cache;
+#[cfg(not(loom))]
 mod coverage;
 #[cfg(not(loom))]
 mod error;
@@ -67,12 +69,16 @@ mod primitive;
 #[cfg(not(loom))]
 mod region;
 #[cfg(not(loom))]
+pub mod registrar;
+#[cfg(not(loom))]
 mod segvec;
 #[cfg(not(loom))]
 mod sys;
 
 #[cfg(not(loom))]
 pub use backend::{probe, BackendReport};
+#[cfg(not(loom))]
+pub use cache::Cache;
 #[cfg(not(loom))]
 pub use error::{Error, Result, Unsupported};
 #[cfg(not(loom))]
@@ -82,3 +88,5 @@ pub use generation::Generation;
 pub use notifier::{Notifier, ReadEvents, Stats};
 #[cfg(not(loom))]
 pub use region::{Cookie, Region};
+#[cfg(not(loom))]
+pub use registrar::{IoUringRegistrar, MlockRegistrar, NoopRegistrar, Registrar};

@@ -1,0 +1,233 @@
+//! Per-thread cache state: hazard slots (which entries this thread's handles hold), a tiny MRU of
+//! entries with the snapshots that validate it, and a hit counter. The owning thread is the only
+//! writer of everything except the hazards, which any thread holding a handle may clear.
+#![allow(unsafe_code)] // Thread-owned state in an UnsafeCell, reached through a thread-local pointer.
+
+use std::cell::{Cell, RefCell, UnsafeCell};
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64};
+use std::sync::{Arc, Mutex};
+
+use crate::Region;
+
+/// Hazard slots per thread: handles a thread can hold at once before falling back to a shared
+/// count on the entry.
+pub(super) const HAZARDS: usize = 8;
+/// Entries remembered per thread.
+pub(super) const MRU: usize = 4;
+
+/// An MRU line: enough to decide a hit without touching the entry.
+#[derive(Clone, Copy)]
+pub(super) struct Mru {
+    pub(super) start: usize,
+    pub(super) end: usize,
+    pub(super) entry: *const (),
+    pub(super) token: Region,
+}
+
+const EMPTY: Mru = Mru {
+    start: 0,
+    end: 0,
+    entry: std::ptr::null(),
+    token: Region {
+        slot: u32::MAX,
+        expected: 1,
+    },
+};
+
+/// State only the owning thread reads or writes.
+pub(super) struct Owned {
+    /// Notifier generation every MRU line was validated at (or after).
+    pub(super) gen: u64,
+    /// Cache epoch the MRU lines were in the index at.
+    pub(super) epoch: u64,
+    pub(super) mru: [Mru; MRU],
+    next: usize,
+    hint: usize,
+}
+
+impl Owned {
+    const fn new() -> Self {
+        Owned {
+            gen: u64::MAX,
+            epoch: u64::MAX,
+            mru: [EMPTY; MRU],
+            next: 0,
+            hint: 0,
+        }
+    }
+
+    #[inline]
+    pub(super) fn find(&self, start: usize, end: usize) -> Option<*const ()> {
+        self.mru
+            .iter()
+            .find(|m| m.start <= start && end <= m.end)
+            .map(|m| m.entry)
+    }
+
+    pub(super) fn clear(&mut self) {
+        self.mru = [EMPTY; MRU];
+    }
+
+    /// Drops the lines for which `keep` is false.
+    pub(super) fn retain(&mut self, mut keep: impl FnMut(Region) -> bool) {
+        for m in &mut self.mru {
+            if !m.entry.is_null() && !keep(m.token) {
+                *m = EMPTY;
+            }
+        }
+    }
+
+    pub(super) fn insert(&mut self, line: Mru) {
+        if self.mru.iter().any(|m| m.entry == line.entry) {
+            return;
+        }
+        self.mru[self.next] = line;
+        self.next = (self.next + 1) % MRU;
+    }
+}
+
+/// One thread's slot in a cache. Claimed by one live thread at a time; recycled after it exits.
+#[repr(align(128))]
+pub(super) struct ThreadSlot {
+    pub(super) hazards: [AtomicPtr<()>; HAZARDS],
+    hits: AtomicU64,
+    pub(super) stripe: usize,
+    claimed: AtomicBool,
+    owned: UnsafeCell<Owned>,
+}
+
+// SAFETY: `owned` is touched only by the thread that claimed the slot (`claimed` CAS with Acquire,
+// released with Release at thread exit); every other field is atomic or immutable.
+unsafe impl Sync for ThreadSlot {}
+// SAFETY: as above; the raw pointers in `owned` are plain addresses, never dereferenced without
+// the hazard protocol of the cache.
+unsafe impl Send for ThreadSlot {}
+
+impl ThreadSlot {
+    fn new(stripe: usize) -> Self {
+        ThreadSlot {
+            hazards: Default::default(),
+            hits: AtomicU64::new(0),
+            stripe,
+            claimed: AtomicBool::new(true),
+            owned: UnsafeCell::new(Owned::new()),
+        }
+    }
+
+    /// The owner's state.
+    ///
+    /// # Safety
+    /// Only the thread that claimed this slot may call this, and it must not keep two of the
+    /// returned references alive at once.
+    #[allow(clippy::mut_from_ref)]
+    #[inline(always)]
+    pub(super) unsafe fn owned(&self) -> &mut Owned {
+        // SAFETY: per the contract, the caller is the only thread touching `owned`, with no other
+        // live reference.
+        unsafe { &mut *self.owned.get() }
+    }
+
+    /// Publishes `entry` in a free hazard slot (owner only; see `owned`'s contract for `o`).
+    #[inline(always)]
+    pub(super) fn publish(&self, o: &mut Owned, entry: *const ()) -> Option<&AtomicPtr<()>> {
+        let h = &self.hazards[o.hint];
+        if h.load(Relaxed).is_null() {
+            h.store(entry.cast_mut(), Relaxed);
+            return Some(h);
+        }
+        for (i, h) in self.hazards.iter().enumerate() {
+            // Only the owner turns null into non-null, so a null seen here stays ours.
+            if h.load(Relaxed).is_null() {
+                h.store(entry.cast_mut(), Relaxed);
+                o.hint = i;
+                return Some(h);
+            }
+        }
+        None
+    }
+
+    /// Counts a hit (owner only: a plain load and store on the owner's line).
+    #[inline(always)]
+    pub(super) fn count_hit(&self) {
+        self.hits.store(self.hits.load(Relaxed) + 1, Relaxed);
+    }
+
+    pub(super) fn hits(&self) -> u64 {
+        self.hits.load(Relaxed)
+    }
+
+    pub(super) fn holds(&self, entry: *const ()) -> bool {
+        self.hazards
+            .iter()
+            .any(|h| std::ptr::eq(h.load(Acquire), entry))
+    }
+}
+
+/// Thread-owned references to slots, released when the thread exits.
+struct Claims(Vec<(u64, Arc<ThreadSlot>)>);
+
+impl Drop for Claims {
+    fn drop(&mut self) {
+        LAST.with(|l| l.set((0, std::ptr::null())));
+        for (_, slot) in self.0.drain(..) {
+            slot.claimed.store(false, Release);
+        }
+    }
+}
+
+thread_local! {
+    /// The slot of the cache this thread used last: one TLS load on the hit path.
+    static LAST: Cell<(u64, *const ThreadSlot)> = const { Cell::new((0, std::ptr::null())) };
+    static CLAIMS: RefCell<Claims> = const { RefCell::new(Claims(Vec::new())) };
+}
+
+/// The calling thread's slot in cache `id`, if it has one and used that cache last.
+#[inline(always)]
+pub(super) fn current(id: u64) -> Option<*const ThreadSlot> {
+    let (last, slot) = LAST.with(Cell::get);
+    (last == id).then_some(slot)
+}
+
+/// The calling thread's slot in cache `id`, claiming one from `slots` (or adding one) if needed.
+/// `None` while the thread is being torn down.
+pub(super) fn claim(id: u64, slots: &Mutex<Vec<Arc<ThreadSlot>>>) -> Option<*const ThreadSlot> {
+    CLAIMS
+        .try_with(|c| {
+            let mut c = c.try_borrow_mut().ok()?;
+            // Slots of dropped caches: only this thread still holds them.
+            c.0.retain(|(_, s)| Arc::strong_count(s) > 1);
+            if let Some((_, s)) = c.0.iter().find(|(i, _)| *i == id) {
+                let p = Arc::as_ptr(s);
+                LAST.with(|l| l.set((id, p)));
+                return Some(p);
+            }
+            let slot = {
+                let mut all = slots.lock().unwrap_or_else(|p| p.into_inner());
+                let free = all.iter().find(|s| {
+                    s.claimed
+                        .compare_exchange(false, true, Acquire, Relaxed)
+                        .is_ok()
+                });
+                match free {
+                    Some(s) => {
+                        let s = s.clone();
+                        // SAFETY: the CAS above made this thread the slot's only owner.
+                        *unsafe { s.owned() } = Owned::new();
+                        s
+                    }
+                    None => {
+                        let s = Arc::new(ThreadSlot::new(all.len()));
+                        all.push(s.clone());
+                        s
+                    }
+                }
+            };
+            let p = Arc::as_ptr(&slot);
+            c.0.push((id, slot));
+            LAST.with(|l| l.set((id, p)));
+            Some(p)
+        })
+        .ok()
+        .flatten()
+}

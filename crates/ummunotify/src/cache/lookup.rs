@@ -1,0 +1,99 @@
+//! The cache's address index behind a striped ("big-reader") lock.
+//!
+//! Readers lock only their own stripe (one per thread slot, modulo [`STRIPES`]), so threads that
+//! look regions up never write a shared cache line; a writer locks every stripe in order. Only
+//! the cache's miss/retire paths write, and only while holding the cache's miss lock.
+#![allow(unsafe_code)] // The index lives in an UnsafeCell guarded by the stripes.
+
+use std::cell::UnsafeCell;
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use super::entry::Entry;
+
+/// Number of reader stripes.
+pub(super) const STRIPES: usize = 16;
+
+/// Live regions by start address; they never overlap.
+pub(super) type Index<K> = BTreeMap<usize, Arc<Entry<K>>>;
+
+#[repr(align(128))]
+struct Stripe(RwLock<()>);
+
+pub(super) struct Lookup<K> {
+    stripes: Box<[Stripe]>,
+    index: UnsafeCell<Index<K>>,
+}
+
+// SAFETY: the index is read only under a stripe's read lock and written only under every
+// stripe's write lock (see `read`/`write`), so readers and writers never overlap; the entries
+// are `Send + Sync` when `K` is.
+unsafe impl<K: Send + Sync> Sync for Lookup<K> {}
+// SAFETY: as above; moving the whole structure moves owned data only.
+unsafe impl<K: Send + Sync> Send for Lookup<K> {}
+
+pub(super) struct ReadGuard<'a, K> {
+    _g: RwLockReadGuard<'a, ()>,
+    index: &'a Index<K>,
+}
+
+impl<K> std::ops::Deref for ReadGuard<'_, K> {
+    type Target = Index<K>;
+    fn deref(&self) -> &Index<K> {
+        self.index
+    }
+}
+
+pub(super) struct WriteGuard<'a, K> {
+    _g: Vec<RwLockWriteGuard<'a, ()>>,
+    index: &'a mut Index<K>,
+}
+
+impl<K> std::ops::Deref for WriteGuard<'_, K> {
+    type Target = Index<K>;
+    fn deref(&self) -> &Index<K> {
+        self.index
+    }
+}
+impl<K> std::ops::DerefMut for WriteGuard<'_, K> {
+    fn deref_mut(&mut self) -> &mut Index<K> {
+        self.index
+    }
+}
+
+impl<K> Lookup<K> {
+    pub(super) fn new() -> Self {
+        Lookup {
+            stripes: (0..STRIPES).map(|_| Stripe(RwLock::new(()))).collect(),
+            index: UnsafeCell::new(BTreeMap::new()),
+        }
+    }
+
+    /// Read access through stripe `stripe % STRIPES`.
+    pub(super) fn read(&self, stripe: usize) -> ReadGuard<'_, K> {
+        let g = self.stripes[stripe % STRIPES]
+            .0
+            .read()
+            .unwrap_or_else(|p| p.into_inner());
+        // SAFETY: a read lock on one stripe excludes every writer (writers hold all stripes).
+        let index = unsafe { &*self.index.get() };
+        ReadGuard { _g: g, index }
+    }
+
+    /// Exclusive access: every stripe, in order (callers hold the cache's miss lock, so writers
+    /// never race each other for the stripes).
+    pub(super) fn write(&self) -> WriteGuard<'_, K> {
+        let mut guards = Vec::with_capacity(STRIPES);
+        for s in self.stripes.iter() {
+            guards.push(s.0.write().unwrap_or_else(|p| p.into_inner()));
+        }
+        // SAFETY: every stripe is write-locked: no reader and no other writer exists.
+        let index = unsafe { &mut *self.index.get() };
+        WriteGuard { _g: guards, index }
+    }
+
+    /// Exclusive access through `&mut self` (drop).
+    pub(super) fn get_mut(&mut self) -> &mut Index<K> {
+        self.index.get_mut()
+    }
+}

@@ -1,0 +1,300 @@
+//! Cache behaviour with the no-op and mlock registrars: hits, misses, merging, eviction, handles
+//! held across invalidation, deferred deregistration, many threads.
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::Mutex;
+
+use ummunotify::cache::{Cache, Config};
+use ummunotify::registrar::{NoopRegistrar, Registrar};
+
+/// Tests unmap and map again at the same address: no other test may map meanwhile.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn page() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    unsafe { libc::sysconf(libc::_SC_PAGESIZE) as usize }
+}
+
+fn map(len: usize) -> usize {
+    // SAFETY: a fresh anonymous mapping, no fixed address.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED);
+    p as usize
+}
+
+fn unmap(addr: usize, len: usize) {
+    // SAFETY: test-owned mapping.
+    assert_eq!(unsafe { libc::munmap(addr as *mut _, len) }, 0);
+}
+
+/// Puts a new mapping over `[addr, addr + len)` in one call (`MAP_FIXED`: the kernel unmaps the
+/// old pages first), so no other thread's mmap can take the address in between.
+fn replace(addr: usize, len: usize) {
+    // SAFETY: replaces only a test-owned mapping.
+    let p = unsafe {
+        libc::mmap(
+            addr as *mut _,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+            -1,
+            0,
+        )
+    };
+    assert_eq!(p as usize, addr);
+}
+
+/// Counts registrations, to see misses and deregistrations from the registrar's side.
+#[derive(Default)]
+struct Counting {
+    live: Mutex<Vec<std::ops::Range<usize>>>,
+    registered: AtomicUsize,
+    deregistered: AtomicUsize,
+}
+
+impl Registrar for Counting {
+    type Key = usize;
+    fn register(&self, range: std::ops::Range<usize>) -> std::io::Result<usize> {
+        self.live.lock().unwrap().push(range);
+        Ok(self.registered.fetch_add(1, SeqCst))
+    }
+    fn deregister(&self, _key: &usize, range: std::ops::Range<usize>) -> std::io::Result<()> {
+        let mut live = self.live.lock().unwrap();
+        let i = live
+            .iter()
+            .position(|r| *r == range)
+            .expect("deregister of unknown range");
+        live.swap_remove(i);
+        self.deregistered.fetch_add(1, SeqCst);
+        Ok(())
+    }
+}
+
+#[test]
+fn hit_miss_and_inside_hit() {
+    let _serial = serial();
+    let pg = page();
+    let cache = Cache::new(NoopRegistrar, Config::default()).unwrap();
+    let a = map(8 * pg);
+    drop(cache.get(a, 4 * pg).unwrap());
+    for _ in 0..100 {
+        let h = cache.get(a + 10, 100).unwrap();
+        assert_eq!(h.range(), a..a + 4 * pg);
+        assert!(h.is_valid());
+    }
+    let s = cache.stats();
+    assert_eq!((s.misses, s.hits, s.regions), (1, 100, 1));
+    unmap(a, 8 * pg);
+}
+
+#[test]
+fn merges_overlapping_and_adjacent() {
+    let _serial = serial();
+    let pg = page();
+    let cache = Cache::new(Counting::default(), Config::default()).unwrap();
+    let a = map(8 * pg);
+    drop(cache.get(a, pg).unwrap());
+    drop(cache.get(a + pg, pg).unwrap()); // adjacent: merged into [a, a + 2 pages)
+    let h = cache.get(a + pg / 2, pg).unwrap(); // straddles: a hit in the merged region
+    assert_eq!(h.range(), a..a + 2 * pg);
+    drop(h);
+    drop(cache.get(a + pg, 3 * pg).unwrap()); // overlaps: merged to [a, a + 4 pages)
+    let s = cache.stats();
+    assert_eq!(s.regions, 1);
+    assert_eq!(s.merges, 2);
+    cache.flush();
+    assert_eq!(
+        cache.registrar().live.lock().unwrap().clone(),
+        vec![a..a + 4 * pg]
+    );
+
+    drop(cache);
+    let cache2 = Cache::new(NoopRegistrar, Config::default().merge_adjacent(false)).unwrap();
+    drop(cache2.get(a, pg).unwrap());
+    drop(cache2.get(a + pg, pg).unwrap());
+    assert_eq!(cache2.stats().regions, 2);
+    unmap(a, 8 * pg);
+}
+
+#[test]
+fn invalidated_region_is_never_returned_and_held_one_lives_until_drop() {
+    let _serial = serial();
+    let pg = page();
+    let cache = Cache::new(Counting::default(), Config::default()).unwrap();
+    let a = map(2 * pg);
+    let held = cache.get(a, 2 * pg).unwrap();
+    let old_key = *held.key();
+    replace(a, 2 * pg);
+    assert!(!held.is_valid());
+    let fresh = cache.get(a, 2 * pg).unwrap();
+    assert_ne!(
+        *fresh.key(),
+        old_key,
+        "an invalidated registration was returned"
+    );
+    drop(fresh);
+    cache.flush();
+    // The held one is still registered (the device may be using it).
+    assert_eq!(cache.registrar().live.lock().unwrap().len(), 2);
+    assert_eq!(cache.stats().retired, 1);
+    drop(held);
+    cache.flush();
+    assert_eq!(cache.registrar().live.lock().unwrap().len(), 1);
+    let s = cache.stats();
+    assert_eq!((s.retired, s.invalidations, s.deregistrations), (0, 1, 1));
+    unmap(a, 2 * pg);
+}
+
+#[test]
+fn madvise_and_partial_unmap_invalidate() {
+    let _serial = serial();
+    let pg = page();
+    let cache = Cache::new(NoopRegistrar, Config::default()).unwrap();
+    let a = map(4 * pg);
+    // SAFETY: test-owned mapping.
+    unsafe { std::ptr::write_bytes(a as *mut u8, 1, 4 * pg) };
+    drop(cache.get(a, 4 * pg).unwrap());
+    drop(cache.get(a, 4 * pg).unwrap());
+    // SAFETY: test-owned mapping.
+    unsafe { libc::madvise((a + pg) as *mut _, pg, libc::MADV_DONTNEED) };
+    drop(cache.get(a, 4 * pg).unwrap());
+    assert_eq!(cache.stats().misses, 2);
+    replace(a + 3 * pg, pg);
+    drop(cache.get(a, pg).unwrap());
+    assert_eq!(cache.stats().misses, 3);
+    unmap(a, 4 * pg);
+}
+
+#[test]
+fn lru_eviction_keeps_limits() {
+    let _serial = serial();
+    let pg = page();
+    let cfg = Config::default().max_regions(3).merge_adjacent(false);
+    let cache = Cache::new(Counting::default(), cfg).unwrap();
+    let a = map(16 * pg);
+    for round in 0..3 {
+        for i in 0..8 {
+            drop(cache.get(a + 2 * i * pg, pg).unwrap());
+            assert!(cache.stats().regions <= 3, "round {round}");
+        }
+    }
+    let held: Vec<_> = (0..3)
+        .map(|i| cache.get(a + 2 * i * pg, pg).unwrap())
+        .collect();
+    // All cached regions held: a fourth still works (held ones are never evicted).
+    drop(cache.get(a + 10 * pg, pg).unwrap());
+    drop(held);
+    cache.flush();
+    let s = cache.stats();
+    assert!(s.evictions >= 20, "{s:?}");
+    assert_eq!(
+        cache.registrar().live.lock().unwrap().len(),
+        s.regions + s.retired
+    );
+    unmap(a, 16 * pg);
+}
+
+#[test]
+fn max_bytes_evicts() {
+    let _serial = serial();
+    let pg = page();
+    let cfg = Config::default().max_bytes(4 * pg).merge_adjacent(false);
+    let cache = Cache::new(NoopRegistrar, cfg).unwrap();
+    let a = map(16 * pg);
+    for i in 0..8 {
+        drop(cache.get(a + 2 * i * pg, 2 * pg - 1).unwrap());
+    }
+    cache.flush();
+    assert!(cache.stats().bytes_registered <= 4 * pg);
+    unmap(a, 16 * pg);
+}
+
+#[test]
+fn many_handles_overflow_hazard_slots() {
+    let _serial = serial();
+    let pg = page();
+    let cache = Cache::new(Counting::default(), Config::default()).unwrap();
+    let a = map(pg);
+    let hs: Vec<_> = (0..50).map(|_| cache.get(a, pg).unwrap()).collect();
+    replace(a, pg);
+    cache.flush();
+    assert_eq!(cache.stats().retired, 1);
+    drop(hs);
+    cache.flush();
+    assert_eq!(cache.stats().retired, 0);
+    assert!(cache.registrar().live.lock().unwrap().is_empty());
+    unmap(a, pg);
+}
+
+#[test]
+fn handles_dropped_on_another_thread() {
+    let _serial = serial();
+    let pg = page();
+    let cache = Cache::new(Counting::default(), Config::default()).unwrap();
+    let a = map(pg);
+    let h = cache.get(a, pg).unwrap();
+    unmap(a, pg);
+    std::thread::scope(|s| {
+        s.spawn(move || drop(h));
+    });
+    cache.flush();
+    assert!(cache.registrar().live.lock().unwrap().is_empty());
+}
+
+#[test]
+fn user_regions_share_the_notifier() {
+    let _serial = serial();
+    let pg = page();
+    let cache = Cache::new(NoopRegistrar, Config::default()).unwrap();
+    let a = map(4 * pg);
+    drop(cache.get(a, 2 * pg).unwrap());
+    cache
+        .notifier()
+        .register(a + 2 * pg..a + 4 * pg, ummunotify::Cookie(5))
+        .unwrap();
+    unmap(a, 4 * pg);
+    let ev = cache.take_events().unwrap();
+    assert_eq!(ev.len(), 1);
+    assert_eq!(ev[0].cookie, ummunotify::Cookie(5));
+    cache.notifier().unregister(ummunotify::Cookie(5)).unwrap();
+    assert_eq!(cache.stats().invalidations, 1);
+}
+
+#[test]
+fn threads_hit_and_invalidate() {
+    let _serial = serial();
+    let pg = page();
+    let cache = Cache::new(Counting::default(), Config::default()).unwrap();
+    let bufs: Vec<usize> = (0..4).map(|_| map(pg)).collect();
+    std::thread::scope(|s| {
+        for t in 0..4 {
+            let (cache, bufs) = (&cache, &bufs);
+            s.spawn(move || {
+                for i in 0..20_000 {
+                    let b = bufs[(i + t) % bufs.len()];
+                    let h = cache.get(b, 64).unwrap();
+                    assert!(h.range().contains(&b));
+                }
+            });
+        }
+    });
+    let s = cache.stats();
+    assert_eq!(s.hits + s.misses, 80_000);
+    for b in bufs {
+        unmap(b, pg);
+    }
+    cache.flush();
+    assert!(cache.registrar().live.lock().unwrap().is_empty());
+}
