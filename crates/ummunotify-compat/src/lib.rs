@@ -1,0 +1,477 @@
+//! # libummunotify-compat: the 2010 `/dev/ummunotify` ABI, unmodified programs
+//!
+//! `LD_PRELOAD=libummunotify-compat.so ./prog`: a program written in 2010 against the
+//! ummunotify character device opens `/dev/ummunotify` and gets a working descriptor, though no
+//! such device exists, backed by a [`ummunotify::Notifier`]. Everything below follows
+//! `shared/PRIOR-ART.md` byte for byte (ioctl numbers and struct layouts are asserted in
+//! `src/abi.rs`).
+//!
+//! | call on the descriptor | behaviour |
+//! |---|---|
+//! | `open`, `open64`, `openat`, `openat64`, `__open*_2` of `"/dev/ummunotify"` | a new notifier; `O_WRONLY`/`O_RDWR` → `EINVAL`; no userfaultfd → `ENODEV`, refused → `EACCES` |
+//! | `ioctl(UMMUNOTIFY_EXCHANGE_FEATURES)` | answers mask 0; `EINVAL` once the fd was used (any ioctl, read, mmap, or an earlier exchange) |
+//! | `ioctl(UMMUNOTIFY_REGISTER_REGION)` | duplicate cookie, empty/wrapping/unmapped range → `EINVAL`; overlap with *another* descriptor's range → `EBUSY` |
+//! | `ioctl(UMMUNOTIFY_UNREGISTER_REGION)` | unknown cookie → `EINVAL` |
+//! | other ioctls | `FIONBIO` sets non-blocking; anything else `ENOTTY` |
+//! | `read` | 32-byte INVAL records (HINT rules of 2010), then LAST carrying the counter when the queue drained; at most one page; `EAGAIN` with `O_NONBLOCK`, blocks otherwise (`EINTR` on a signal); a buffer smaller than one record → `EINVAL` |
+//! | `poll`/`select`/`epoll` | native: the descriptor is a dup of the notifier's eventfd, readable while events (or an owed LAST) are pending |
+//! | `mmap(NULL, ≤ page, PROT_READ, MAP_SHARED, fd, 0)` | a read-only view whose first 8 bytes are the live counter; `PROT_WRITE` + `MAP_SHARED` → `EACCES`; offset ≠ 0 or length > page → `EINVAL` |
+//! | `fcntl(F_GETFL/F_SETFL)` | `O_RDONLY` plus the file's own `O_NONBLOCK` |
+//! | `dup`, `dup2`, `dup3`, `fcntl(F_DUPFD*)` | the new descriptor shares the file (state, queue, flags), as in the kernel |
+//! | `close`, `close_range` | the last descriptor closed stops the notifier |
+//!
+//! Fork: in the child every read/ioctl returns `EIO` (as kdreg2 does: reopen in the child);
+//! counter views the program mapped read `0xC000000000000000`, which never equals a LAST value,
+//! and a new `mmap` of the device in the child maps such a page too. A new `open` in the child
+//! works. Exec: the descriptor is always close-on-exec (the 2010 device survived exec but was
+//! tied to the old address space, so it was inert). Threads: the interposed paths take no lock of
+//! their own; descriptor lookups are lock-free (see `src/table.rs`).
+//!
+//! Limits: two descriptors each have their own userfaultfd context, and the kernel refuses to
+//! watch one page from two contexts: overlapping ranges across descriptors fail with `EBUSY`
+//! (regions of one descriptor may overlap freely). A registered range must be mapped (the 2010
+//! device accepted unmapped ranges). SIGIO (`O_ASYNC`) is not supported. `readv`, `pread` and
+//! `fopen` of the device are not interposed. Descriptors at or above 65536 can not be devices
+//! (`EMFILE`). Closing the descriptor with a raw `close` syscall leaves a stale entry (the number
+//! would be taken for a device until closed again through libc).
+#![deny(missing_docs)]
+
+mod abi;
+mod device;
+mod real;
+mod table;
+mod user;
+mod views;
+
+use std::ffi::{c_char, c_int, c_long, c_uint, c_ulong, c_void, CStr};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+
+use device::Device;
+use user::set_errno;
+
+/// Runs `f`, turning an `Err(errno)` into `-1`/errno and a panic into `-1`/`EIO`.
+fn boundary<T: From<i8>>(f: impl FnOnce() -> Result<T, i32>) -> T {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(v)) => v,
+        Ok(Err(e)) => {
+            set_errno(e);
+            T::from(-1)
+        }
+        Err(_) => {
+            set_errno(libc::EIO);
+            T::from(-1)
+        }
+    }
+}
+
+/// Whether `path` names the 2010 device.
+///
+/// # Safety
+/// `path` must be NULL or a NUL-terminated string (as `open` requires anyway).
+unsafe fn is_device(path: *const c_char) -> bool {
+    // SAFETY: (caller) NUL-terminated when not NULL.
+    !path.is_null() && unsafe { CStr::from_ptr(path) }.to_bytes() == abi::DEVICE_PATH
+}
+
+fn open_device(flags: c_int) -> Result<c_int, i32> {
+    if flags & libc::O_ACCMODE != libc::O_RDONLY {
+        return Err(libc::EINVAL); // the 2010 device was read-only
+    }
+    let (dev, fd) = Device::open(flags & libc::O_NONBLOCK != 0)?;
+    if fd as usize >= table::MAX_FDS {
+        close_real(fd);
+        return Err(libc::EMFILE);
+    }
+    drop(table::set(fd, Arc::new(dev)));
+    Ok(fd)
+}
+
+fn close_real(fd: c_int) -> c_int {
+    match real::get::CLOSE() {
+        // SAFETY: closes a descriptor number; the kernel validates it.
+        Some(close) => unsafe { close(fd) },
+        None => -1,
+    }
+}
+
+fn enosys<T>() -> Result<T, i32> {
+    Err(libc::ENOSYS)
+}
+
+macro_rules! pass {
+    ($real:ident($($arg:expr),*)) => {
+        match real::get::$real() {
+            // SAFETY: forwards the caller's arguments unchanged to the next definition.
+            Some(f) => Ok(unsafe { f($($arg),*) }),
+            None => enosys(),
+        }
+    };
+}
+
+/// Interposed `open(2)`: `/dev/ummunotify` becomes a notifier; everything else passes through.
+///
+/// # Safety
+/// As `open(2)`; `mode` is read only when the caller passed it (`O_CREAT`/`O_TMPFILE`).
+#[no_mangle]
+pub unsafe extern "C" fn open(path: *const c_char, flags: c_int, mode: c_uint) -> c_int {
+    // SAFETY: (caller) `path` is a C string.
+    boundary(|| match unsafe { is_device(path) } {
+        true => open_device(flags),
+        false => pass!(OPEN(path, flags, mode)),
+    })
+}
+
+/// Interposed `open64(2)`.
+///
+/// # Safety
+/// As `open64(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn open64(path: *const c_char, flags: c_int, mode: c_uint) -> c_int {
+    // SAFETY: (caller) `path` is a C string.
+    boundary(|| match unsafe { is_device(path) } {
+        true => open_device(flags),
+        false => pass!(OPEN64(path, flags, mode)),
+    })
+}
+
+/// Interposed `openat(2)` (an absolute path ignores `dirfd`).
+///
+/// # Safety
+/// As `openat(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn openat(
+    dirfd: c_int,
+    path: *const c_char,
+    flags: c_int,
+    mode: c_uint,
+) -> c_int {
+    // SAFETY: (caller) `path` is a C string.
+    boundary(|| match unsafe { is_device(path) } {
+        true => open_device(flags),
+        false => pass!(OPENAT(dirfd, path, flags, mode)),
+    })
+}
+
+/// Interposed `openat64(2)`.
+///
+/// # Safety
+/// As `openat64(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn openat64(
+    dirfd: c_int,
+    path: *const c_char,
+    flags: c_int,
+    mode: c_uint,
+) -> c_int {
+    // SAFETY: (caller) `path` is a C string.
+    boundary(|| match unsafe { is_device(path) } {
+        true => open_device(flags),
+        false => pass!(OPENAT64(dirfd, path, flags, mode)),
+    })
+}
+
+/// Interposed `__open_2` (what `_FORTIFY_SOURCE` builds call).
+///
+/// # Safety
+/// As `open(2)` without a mode.
+#[no_mangle]
+pub unsafe extern "C" fn __open_2(path: *const c_char, flags: c_int) -> c_int {
+    // SAFETY: (caller) `path` is a C string.
+    boundary(|| match unsafe { is_device(path) } {
+        true => open_device(flags),
+        false => pass!(OPEN_2(path, flags)),
+    })
+}
+
+/// Interposed `__open64_2`.
+///
+/// # Safety
+/// As `open64(2)` without a mode.
+#[no_mangle]
+pub unsafe extern "C" fn __open64_2(path: *const c_char, flags: c_int) -> c_int {
+    // SAFETY: (caller) `path` is a C string.
+    boundary(|| match unsafe { is_device(path) } {
+        true => open_device(flags),
+        false => pass!(OPEN64_2(path, flags)),
+    })
+}
+
+/// Interposed `__openat_2`.
+///
+/// # Safety
+/// As `openat(2)` without a mode.
+#[no_mangle]
+pub unsafe extern "C" fn __openat_2(dirfd: c_int, path: *const c_char, flags: c_int) -> c_int {
+    // SAFETY: (caller) `path` is a C string.
+    boundary(|| match unsafe { is_device(path) } {
+        true => open_device(flags),
+        false => pass!(OPENAT_2(dirfd, path, flags)),
+    })
+}
+
+/// Interposed `__openat64_2`.
+///
+/// # Safety
+/// As `openat64(2)` without a mode.
+#[no_mangle]
+pub unsafe extern "C" fn __openat64_2(dirfd: c_int, path: *const c_char, flags: c_int) -> c_int {
+    // SAFETY: (caller) `path` is a C string.
+    boundary(|| match unsafe { is_device(path) } {
+        true => open_device(flags),
+        false => pass!(OPENAT64_2(dirfd, path, flags)),
+    })
+}
+
+/// Interposed `read(2)`: events from a device, pass-through otherwise (one atomic load).
+///
+/// # Safety
+/// As `read(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, count: usize) -> isize {
+    boundary(|| match table::get(fd) {
+        Some(dev) => dev.read(fd, buf as usize, count).map(|n| n as isize),
+        None => pass!(READ(fd, buf, count)),
+    })
+}
+
+/// Interposed `__read_chk` (`_FORTIFY_SOURCE`).
+///
+/// # Safety
+/// As `read(2)`, with `buflen` the real size of `buf`.
+#[no_mangle]
+pub unsafe extern "C" fn __read_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    count: usize,
+    buflen: usize,
+) -> isize {
+    boundary(|| match table::get(fd) {
+        Some(dev) if count <= buflen => dev.read(fd, buf as usize, count).map(|n| n as isize),
+        _ => pass!(READ_CHK(fd, buf, count, buflen)),
+    })
+}
+
+/// Interposed `ioctl(2)` (the third argument is read as a pointer-sized word, which is how the
+/// variadic argument is passed on Linux's x86-64 and AArch64 ABIs).
+///
+/// # Safety
+/// As `ioctl(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn ioctl(fd: c_int, request: c_ulong, arg: *mut c_void) -> c_int {
+    boundary(|| match table::get(fd) {
+        Some(_) if request == libc::FIOCLEX || request == libc::FIONCLEX => {
+            pass!(IOCTL(fd, request, arg))
+        }
+        Some(dev) => dev.ioctl(request, arg as usize),
+        None => pass!(IOCTL(fd, request, arg)),
+    })
+}
+
+fn mmap_impl(
+    addr: *mut c_void,
+    len: usize,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    off: i64,
+    wide: bool,
+) -> *mut c_void {
+    let r = catch_unwind(AssertUnwindSafe(|| match table::get(fd) {
+        Some(dev) => dev.mmap(addr, len, prot, flags, off),
+        None if wide => pass!(MMAP64(addr, len, prot, flags, fd, off)),
+        None => pass!(MMAP(addr, len, prot, flags, fd, off)),
+    }));
+    match r {
+        Ok(Ok(p)) => p,
+        Ok(Err(e)) => {
+            set_errno(e);
+            libc::MAP_FAILED
+        }
+        Err(_) => {
+            set_errno(libc::EIO);
+            libc::MAP_FAILED
+        }
+    }
+}
+
+/// Interposed `mmap(2)`: a device maps its live counter page read-only.
+///
+/// # Safety
+/// As `mmap(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn mmap(
+    addr: *mut c_void,
+    len: usize,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    off: i64,
+) -> *mut c_void {
+    mmap_impl(addr, len, prot, flags, fd, off, false)
+}
+
+/// Interposed `mmap64`.
+///
+/// # Safety
+/// As `mmap(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn mmap64(
+    addr: *mut c_void,
+    len: usize,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    off: i64,
+) -> *mut c_void {
+    mmap_impl(addr, len, prot, flags, fd, off, true)
+}
+
+/// Interposed `munmap(2)`: forgets counter views in the range, then unmaps.
+///
+/// # Safety
+/// As `munmap(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
+    boundary(|| {
+        views::forget(addr as usize, len);
+        pass!(MUNMAP(addr, len))
+    })
+}
+
+/// Interposed `close(2)`: the last descriptor of a device stops its notifier.
+///
+/// # Safety
+/// As `close(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    boundary(|| {
+        let dev = table::take(fd);
+        let r = pass!(CLOSE(fd));
+        drop(dev); // after the descriptor is gone; may join the notifier's monitor thread
+        r
+    })
+}
+
+/// Interposed `close_range(2)`.
+///
+/// # Safety
+/// As `close_range(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
+    boundary(|| {
+        let mut devs = Vec::new();
+        if table::any() && flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 {
+            let hi = (last as usize).min(table::MAX_FDS - 1);
+            for fd in (first as usize)..=hi {
+                devs.extend(table::take(fd as c_int));
+            }
+        }
+        let r = pass!(CLOSE_RANGE(first, last, flags));
+        drop(devs);
+        r
+    })
+}
+
+/// After a successful dup onto `new`: `new` now refers to `old`'s file.
+fn after_dup(old: c_int, new: c_int) {
+    let dev = table::get(old);
+    let replaced = match dev {
+        Some(d) if (new as usize) < table::MAX_FDS => table::set(new, d),
+        _ => table::take(new),
+    };
+    drop(replaced);
+}
+
+/// Interposed `dup(2)`.
+///
+/// # Safety
+/// As `dup(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
+    boundary(|| {
+        let new = pass!(DUP(fd))?;
+        if new >= 0 {
+            after_dup(fd, new);
+        }
+        Ok(new)
+    })
+}
+
+/// Interposed `dup2(2)`.
+///
+/// # Safety
+/// As `dup2(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
+    boundary(|| {
+        let r = pass!(DUP2(old, new))?;
+        if r >= 0 && old != new {
+            after_dup(old, new);
+        }
+        Ok(r)
+    })
+}
+
+/// Interposed `dup3(2)`.
+///
+/// # Safety
+/// As `dup3(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
+    boundary(|| {
+        let r = pass!(DUP3(old, new, flags))?;
+        if r >= 0 {
+            after_dup(old, new);
+        }
+        Ok(r)
+    })
+}
+
+fn fcntl_impl(fd: c_int, cmd: c_int, arg: c_long, wide: bool) -> c_int {
+    boundary(|| {
+        let call = |cmd, arg| {
+            if wide {
+                pass!(FCNTL64(fd, cmd, arg))
+            } else {
+                pass!(FCNTL(fd, cmd, arg))
+            }
+        };
+        let Some(dev) = table::get(fd) else {
+            return call(cmd, arg);
+        };
+        match cmd {
+            libc::F_GETFL => Ok(libc::O_RDONLY | if dev.nonblock() { libc::O_NONBLOCK } else { 0 }),
+            libc::F_SETFL => {
+                dev.set_nonblock(arg as c_int & libc::O_NONBLOCK != 0);
+                Ok(0)
+            }
+            libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => {
+                let new = call(cmd, arg)?;
+                if new >= 0 {
+                    after_dup(fd, new);
+                }
+                Ok(new)
+            }
+            _ => call(cmd, arg),
+        }
+    })
+}
+
+/// Interposed `fcntl(2)` (third argument read as a word, see [`ioctl`]).
+///
+/// # Safety
+/// As `fcntl(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_long) -> c_int {
+    fcntl_impl(fd, cmd, arg, false)
+}
+
+/// Interposed `fcntl64`.
+///
+/// # Safety
+/// As `fcntl(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_long) -> c_int {
+    fcntl_impl(fd, cmd, arg, true)
+}

@@ -1,0 +1,99 @@
+//! Which file descriptors are ummunotify devices: a fixed, lock-free table indexed by fd.
+//!
+//! Every `read`, `close`, `mmap`, ... in the process asks this table first, including the
+//! notifier's own monitor thread reading its userfaultfd, so a lookup of a non-device fd is one
+//! atomic load and never takes a lock or allocates. A device lookup pins the entry with a
+//! per-slot reader count so `close` on another thread can not free it mid-lookup.
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering::SeqCst};
+use std::sync::Arc;
+
+use crate::device::Device;
+
+/// Descriptors at or above this number can not be devices (`open` fails with `EMFILE`).
+pub(crate) const MAX_FDS: usize = 1 << 16;
+
+struct Slot {
+    dev: AtomicPtr<Device>,
+    readers: AtomicUsize,
+}
+
+static TABLE: [Slot; MAX_FDS] = [const {
+    Slot {
+        dev: AtomicPtr::new(std::ptr::null_mut()),
+        readers: AtomicUsize::new(0),
+    }
+}; MAX_FDS];
+
+/// How many fds are devices now (a fast "none" answer for whole-range operations).
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+
+fn slot(fd: i32) -> Option<&'static Slot> {
+    usize::try_from(fd).ok().and_then(|i| TABLE.get(i))
+}
+
+/// The device behind `fd`, if it is one.
+#[inline]
+pub(crate) fn get(fd: i32) -> Option<Arc<Device>> {
+    let s = slot(fd)?;
+    if s.dev.load(SeqCst).is_null() {
+        return None; // the common case: one load
+    }
+    // Announce the read before loading the pointer; `take` clears the pointer before waiting for
+    // readers, so either we see null or it sees us and waits (both SeqCst).
+    s.readers.fetch_add(1, SeqCst);
+    let p = s.dev.load(SeqCst);
+    let dev = if p.is_null() {
+        None
+    } else {
+        // SAFETY: `p` came from `Arc::into_raw` in `set`; the table's reference can not be
+        // dropped while `readers` is non-zero, so the count is at least 1 here.
+        unsafe {
+            Arc::increment_strong_count(p);
+            Some(Arc::from_raw(p))
+        }
+    };
+    s.readers.fetch_sub(1, SeqCst);
+    dev
+}
+
+/// Whether any fd is a device now.
+#[inline]
+pub(crate) fn any() -> bool {
+    LIVE.load(SeqCst) != 0
+}
+
+/// Makes `fd` refer to `dev`; returns what it referred to before (the caller drops it after the
+/// real call that replaced the fd).
+pub(crate) fn set(fd: i32, dev: Arc<Device>) -> Option<Arc<Device>> {
+    let s = slot(fd)?;
+    let old = s.dev.swap(Arc::into_raw(dev).cast_mut(), SeqCst);
+    if old.is_null() {
+        LIVE.fetch_add(1, SeqCst);
+    }
+    finish(s, old)
+}
+
+/// Forgets `fd`; returns the device it was.
+pub(crate) fn take(fd: i32) -> Option<Arc<Device>> {
+    let s = slot(fd)?;
+    if s.dev.load(SeqCst).is_null() {
+        return None;
+    }
+    let old = s.dev.swap(std::ptr::null_mut(), SeqCst);
+    if !old.is_null() {
+        LIVE.fetch_sub(1, SeqCst);
+    }
+    finish(s, old)
+}
+
+fn finish(s: &Slot, old: *mut Device) -> Option<Arc<Device>> {
+    if old.is_null() {
+        return None;
+    }
+    while s.readers.load(SeqCst) != 0 {
+        std::hint::spin_loop(); // readers hold the slot for a few instructions only
+    }
+    // SAFETY: `old` came from `Arc::into_raw` in `set` and the table no longer holds it; no
+    // reader is between its load and its increment.
+    Some(unsafe { Arc::from_raw(old) })
+}

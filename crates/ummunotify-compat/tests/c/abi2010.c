@@ -1,0 +1,415 @@
+/*
+ * A program written only against the 2010 /dev/ummunotify ABI (ummunotify2010.h). Run it under
+ * LD_PRELOAD=libummunotify-compat.so; it checks every behaviour the 2010 device promised.
+ * Exit 0: all passed; 77: skipped (the device can not be opened: no userfaultfd here).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/select.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "ummunotify2010.h"
+
+static int checks;
+#define CHECK(c)                                                                     \
+    do {                                                                             \
+        checks++;                                                                    \
+        if (!(c)) {                                                                  \
+            fprintf(stderr, "%s:%d: CHECK failed: %s (errno %d: %s)\n", __FILE__,    \
+                    __LINE__, #c, errno, strerror(errno));                           \
+            exit(1);                                                                 \
+        }                                                                            \
+    } while (0)
+#define CHECK_ERR(call, e) CHECK((call) == -1 && errno == (e))
+
+static size_t page;
+#define MAX_EV (4096 / sizeof(struct ummunotify_event))
+
+static int open_dev(int flags) {
+    int fd = open("/dev/ummunotify", flags);
+    if (fd < 0 && (errno == ENODEV || errno == EACCES || errno == ENOENT)) {
+        printf("SKIP: open(/dev/ummunotify): %s\n", strerror(errno));
+        exit(77);
+    }
+    CHECK(fd >= 0);
+    return fd;
+}
+
+static char *map(size_t pages) {
+    char *p = mmap(NULL, pages * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(p != MAP_FAILED);
+    memset(p, 7, pages * page);
+    return p;
+}
+
+static int reg(int fd, void *start, void *end, __u64 cookie) {
+    struct ummunotify_register_ioctl r = {
+        .start = (uintptr_t)start, .end = (uintptr_t)end, .user_cookie = cookie};
+    return ioctl(fd, UMMUNOTIFY_REGISTER_REGION, &r);
+}
+
+static int unreg(int fd, __u64 cookie) {
+    return ioctl(fd, UMMUNOTIFY_UNREGISTER_REGION, &cookie);
+}
+
+static int readable(int fd) {
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    return poll(&p, 1, 0) == 1 && (p.revents & POLLIN);
+}
+
+/* Reads everything pending (non-blocking fd); returns the number of INVAL records, checks the
+   LAST record and that it matches the mapped counter. */
+static int drain(int fd, struct ummunotify_event *out, int cap, volatile __u64 *counter) {
+    struct ummunotify_event ev[MAX_EV];
+    int n = 0;
+    for (;;) {
+        ssize_t r = read(fd, ev, sizeof ev);
+        CHECK(r > 0 && r % 32 == 0);
+        int k = (int)(r / 32);
+        for (int i = 0; i < k; i++) {
+            if (ev[i].type == UMMUNOTIFY_EVENT_TYPE_LAST) {
+                CHECK(i == k - 1); /* LAST is always the final record */
+                if (counter)
+                    CHECK(ev[i].user_cookie_counter == *counter);
+                return n;
+            }
+            CHECK(ev[i].type == UMMUNOTIFY_EVENT_TYPE_INVAL);
+            if (n < cap)
+                out[n] = ev[i];
+            n++;
+        }
+    }
+}
+
+static void test_open_flags(void) {
+    CHECK_ERR(open("/dev/ummunotify", O_RDWR), EINVAL);
+    CHECK_ERR(open("/dev/ummunotify", O_WRONLY), EINVAL);
+    CHECK_ERR(openat(AT_FDCWD, "/dev/ummunotify", O_RDWR), EINVAL);
+    /* Other files are untouched. */
+    int null = open("/dev/null", O_RDWR);
+    CHECK(null >= 0);
+    char b[4];
+    CHECK(read(null, b, sizeof b) == 0);
+    int d = dup(null);
+    CHECK(d >= 0 && close(d) == 0);
+    CHECK(close(null) == 0);
+    CHECK_ERR(open("/dev/ummunotify-no-such", O_RDONLY), ENOENT);
+    int fd = openat(AT_FDCWD, "/dev/ummunotify", O_RDONLY | O_NONBLOCK);
+    CHECK(fd >= 0);
+    CHECK(fcntl(fd, F_GETFL) == (O_RDONLY | O_NONBLOCK));
+    CHECK(fcntl(fd, F_GETFD) & FD_CLOEXEC);
+    CHECK(close(fd) == 0);
+    CHECK_ERR(close(fd), EBADF);
+}
+
+static void test_ioctls(void) {
+    int fd = open_dev(O_RDONLY | O_NONBLOCK);
+    __u32 mask = 0xffffffff;
+    CHECK(ioctl(fd, UMMUNOTIFY_EXCHANGE_FEATURES, &mask) == 0 && mask == 0);
+    mask = 0xffffffff;
+    CHECK_ERR(ioctl(fd, UMMUNOTIFY_EXCHANGE_FEATURES, &mask), EINVAL); /* only once */
+    CHECK(mask == 0xffffffff);
+    CHECK_ERR(ioctl(fd, _IO('U', 9)), ENOTTY);
+    CHECK_ERR(ioctl(fd, UMMUNOTIFY_REGISTER_REGION, (void *)8), EFAULT);
+
+    char *p = map(4);
+    CHECK(reg(fd, p, p + 2 * page, 1) == 0);
+    CHECK(reg(fd, p, p + 4 * page, 2) == 0); /* overlapping ranges are fine */
+    CHECK(reg(fd, p, p + 2 * page, 3) == 0); /* duplicate ranges too */
+    CHECK_ERR(reg(fd, p + page, p + 3 * page, 1), EINVAL); /* duplicate cookie */
+    CHECK_ERR(reg(fd, p, p, 9), EINVAL);                   /* empty */
+    CHECK_ERR(unreg(fd, 4), EINVAL);                       /* unknown cookie */
+    CHECK(unreg(fd, 3) == 0);
+    CHECK_ERR(unreg(fd, 3), EINVAL);
+    CHECK(close(fd) == 0);
+
+    /* Use before EXCHANGE_FEATURES also refuses it. */
+    fd = open_dev(O_RDONLY | O_NONBLOCK);
+    CHECK(reg(fd, p, p + page, 1) == 0);
+    CHECK_ERR(ioctl(fd, UMMUNOTIFY_EXCHANGE_FEATURES, &mask), EINVAL);
+    CHECK(close(fd) == 0);
+    munmap(p, 4 * page);
+}
+
+static void test_events(void) {
+    int fd = open_dev(O_RDONLY | O_NONBLOCK);
+    volatile __u64 *counter = mmap(NULL, sizeof(__u64), PROT_READ, MAP_SHARED, fd, 0);
+    CHECK(counter != MAP_FAILED);
+    CHECK(mmap(NULL, page, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) == MAP_FAILED &&
+          errno == EACCES);
+    CHECK(mmap(NULL, page, PROT_READ, MAP_SHARED, fd, page) == MAP_FAILED && errno == EINVAL);
+    CHECK(mmap(NULL, 2 * page, PROT_READ, MAP_SHARED, fd, 0) == MAP_FAILED && errno == EINVAL);
+    CHECK(mprotect((void *)counter, page, PROT_READ | PROT_WRITE) == -1);
+
+    struct ummunotify_event ev[MAX_EV];
+    CHECK_ERR(read(fd, ev, sizeof ev), EAGAIN); /* nothing pending */
+    CHECK_ERR(read(fd, ev, 31), EINVAL);        /* smaller than one record */
+    CHECK(!readable(fd));
+
+    char *p = map(8);
+    CHECK(reg(fd, p, p + 8 * page, 10) == 0);
+    CHECK(reg(fd, p + 6 * page + 100, p + 7 * page, 11) == 0);
+    __u64 seen = *counter;
+
+    /* One invalidation: HINT, the range clipped to the region; visible when madvise returns. */
+    CHECK(madvise(p + 6 * page, 2 * page, MADV_DONTNEED) == 0);
+    CHECK(*counter != seen);
+    CHECK(readable(fd));
+    fd_set set;
+    FD_ZERO(&set);
+    FD_SET(fd, &set);
+    struct timeval tv = {0, 0};
+    CHECK(select(fd + 1, &set, NULL, NULL, &tv) == 1 && FD_ISSET(fd, &set));
+    int ep = epoll_create1(EPOLL_CLOEXEC);
+    struct epoll_event ee = {.events = EPOLLIN, .data.fd = fd};
+    CHECK(epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ee) == 0);
+    CHECK(epoll_wait(ep, &ee, 1, 0) == 1 && ee.data.fd == fd);
+
+    ssize_t r = read(fd, ev, sizeof ev);
+    CHECK(r == 3 * 32);
+    int got = 0;
+    for (int i = 0; i < 2; i++) {
+        CHECK(ev[i].type == UMMUNOTIFY_EVENT_TYPE_INVAL);
+        CHECK(ev[i].flags == UMMUNOTIFY_EVENT_FLAG_HINT);
+        if (ev[i].user_cookie_counter == 10) {
+            CHECK(ev[i].hint_start == (uintptr_t)(p + 6 * page));
+            CHECK(ev[i].hint_end == (uintptr_t)(p + 8 * page));
+            got |= 1;
+        } else if (ev[i].user_cookie_counter == 11) {
+            CHECK(ev[i].hint_start == (uintptr_t)(p + 6 * page + 100)); /* clipped */
+            CHECK(ev[i].hint_end == (uintptr_t)(p + 7 * page));
+            got |= 2;
+        }
+    }
+    CHECK(got == 3);
+    CHECK(ev[2].type == UMMUNOTIFY_EVENT_TYPE_LAST && ev[2].flags == 0);
+    CHECK(ev[2].user_cookie_counter == *counter); /* the fast path: counter == last LAST */
+    CHECK(!readable(fd));
+    CHECK(epoll_wait(ep, &ee, 1, 0) == 0);
+    CHECK_ERR(read(fd, ev, sizeof ev), EAGAIN);
+
+    /* Two invalidations before the read: no HINT, the whole region. */
+    CHECK(madvise(p, page, MADV_DONTNEED) == 0);
+    CHECK(madvise(p + 2 * page, page, MADV_DONTNEED) == 0);
+    CHECK(drain(fd, ev, MAX_EV, counter) == 1);
+    CHECK(ev[0].user_cookie_counter == 10 && ev[0].flags == 0);
+    CHECK(ev[0].hint_start == (uintptr_t)p && ev[0].hint_end == (uintptr_t)(p + 8 * page));
+
+    /* munmap, and a raw munmap syscall that no libc hook could see. */
+    CHECK(munmap(p + 7 * page, page) == 0); /* region 10 only (11 ends at page 7) */
+    CHECK(readable(fd));
+    CHECK(drain(fd, ev, MAX_EV, counter) == 1 && ev[0].user_cookie_counter == 10);
+    char *q = map(2);
+    CHECK(reg(fd, q, q + 2 * page, 20) == 0);
+    seen = *counter;
+    CHECK(syscall(SYS_munmap, q, page) == 0);
+    CHECK(*counter != seen && readable(fd));
+    CHECK(drain(fd, ev, MAX_EV, counter) == 1);
+    CHECK(ev[0].user_cookie_counter == 20 && ev[0].flags == UMMUNOTIFY_EVENT_FLAG_HINT);
+    CHECK(ev[0].hint_start == (uintptr_t)q && ev[0].hint_end == (uintptr_t)(q + page));
+
+    /* Unregistered regions report nothing. */
+    CHECK(unreg(fd, 10) == 0 && unreg(fd, 11) == 0 && unreg(fd, 20) == 0);
+    seen = *counter;
+    munmap(p, 8 * page);
+    munmap(q, 2 * page);
+    CHECK_ERR(read(fd, ev, sizeof ev), EAGAIN);
+
+    close(ep);
+    CHECK(munmap((void *)counter, sizeof(__u64)) == 0);
+    CHECK(close(fd) == 0);
+}
+
+static void test_page_per_read(void) {
+    int fd = open_dev(O_RDONLY | O_NONBLOCK);
+    char *p = map(1);
+    struct ummunotify_event ev[2 * MAX_EV];
+
+    /* 200 regions on one page: a two-page buffer still gets one page (128 records) at most. */
+    for (__u64 c = 0; c < 200; c++)
+        CHECK(reg(fd, p, p + page, 1000 + c) == 0);
+    CHECK(madvise(p, page, MADV_DONTNEED) == 0);
+    ssize_t r = read(fd, ev, sizeof ev);
+    CHECK(r == 4096);
+    for (size_t i = 0; i < MAX_EV; i++)
+        CHECK(ev[i].type == UMMUNOTIFY_EVENT_TYPE_INVAL);
+    CHECK(readable(fd));
+    r = read(fd, ev, sizeof ev);
+    CHECK(r == (200 - 128 + 1) * 32);
+    CHECK(ev[72].type == UMMUNOTIFY_EVENT_TYPE_LAST);
+    unsigned char seen[200] = {0};
+    for (int i = 0; i < 72; i++) {
+        __u64 c = ev[i].user_cookie_counter - 1000;
+        CHECK(c < 200 && !seen[c]);
+        seen[c] = 1;
+    }
+    for (__u64 c = 0; c < 200; c++)
+        CHECK(unreg(fd, 1000 + c) == 0);
+
+    /* Exactly 128 pending: a full page of INVAL, no room for LAST; the LAST is owed, the fd
+       stays readable, and the next read returns LAST alone. */
+    for (__u64 c = 0; c < 128; c++)
+        CHECK(reg(fd, p, p + page, 5000 + c) == 0);
+    CHECK(madvise(p, page, MADV_DONTNEED) == 0);
+    CHECK(read(fd, ev, 4096) == 4096);
+    CHECK(ev[127].type == UMMUNOTIFY_EVENT_TYPE_INVAL);
+    CHECK(readable(fd));
+    CHECK(read(fd, ev, 4096) == 32);
+    CHECK(ev[0].type == UMMUNOTIFY_EVENT_TYPE_LAST);
+    CHECK(!readable(fd));
+    CHECK_ERR(read(fd, ev, 4096), EAGAIN);
+
+    /* A one-record buffer: one INVAL per read, then LAST alone. */
+    for (__u64 c = 1; c < 128; c++)
+        CHECK(unreg(fd, 5000 + c) == 0);
+    CHECK(madvise(p, page, MADV_DONTNEED) == 0);
+    CHECK(read(fd, ev, 32) == 32 && ev[0].type == UMMUNOTIFY_EVENT_TYPE_INVAL);
+    CHECK(read(fd, ev, 32) == 32 && ev[0].type == UMMUNOTIFY_EVENT_TYPE_LAST);
+    CHECK(close(fd) == 0);
+    munmap(p, page);
+}
+
+static void *unmap_later(void *arg) {
+    usleep(100 * 1000);
+    CHECK(madvise(arg, page, MADV_DONTNEED) == 0);
+    return NULL;
+}
+
+static void test_blocking_and_flags(void) {
+    int fd = open_dev(O_RDONLY);
+    char *p = map(1);
+    CHECK(reg(fd, p, p + page, 7) == 0);
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, unmap_later, p) == 0);
+    struct ummunotify_event ev[4];
+    ssize_t r = read(fd, ev, sizeof ev); /* blocks until the other thread's madvise */
+    CHECK(r == 64 && ev[0].user_cookie_counter == 7 && ev[1].type == UMMUNOTIFY_EVENT_TYPE_LAST);
+    pthread_join(t, NULL);
+    /* O_NONBLOCK through fcntl and FIONBIO, per open file (dups share it). */
+    CHECK(fcntl(fd, F_SETFL, O_NONBLOCK) == 0);
+    CHECK(fcntl(fd, F_GETFL) & O_NONBLOCK);
+    CHECK_ERR(read(fd, ev, sizeof ev), EAGAIN);
+    int off = 0;
+    CHECK(ioctl(fd, FIONBIO, &off) == 0);
+    CHECK(!(fcntl(fd, F_GETFL) & O_NONBLOCK));
+    int on = 1;
+    CHECK(ioctl(fd, FIONBIO, &on) == 0);
+    CHECK_ERR(read(fd, ev, sizeof ev), EAGAIN);
+
+    /* dup, dup2, dup3, F_DUPFD: the same file; closing one keeps the others working. */
+    int d1 = dup(fd);
+    int d2 = dup2(fd, 200);
+    int d3 = dup3(fd, 201, O_CLOEXEC);
+    int d4 = fcntl(fd, F_DUPFD_CLOEXEC, 300);
+    CHECK(d1 >= 0 && d2 == 200 && d3 == 201 && d4 >= 300);
+    CHECK(close(fd) == 0);
+    CHECK_ERR(read(d1, ev, sizeof ev), EAGAIN);
+    CHECK(madvise(p, page, MADV_DONTNEED) == 0);
+    CHECK(readable(d2) && readable(d3));
+    CHECK(read(d3, ev, sizeof ev) == 64 && ev[0].user_cookie_counter == 7);
+    CHECK_ERR(read(d4, ev, sizeof ev), EAGAIN);
+    CHECK(unreg(d2, 7) == 0);
+    CHECK_ERR(unreg(d1, 7), EINVAL);
+    /* dup2 of an ordinary file over a device descriptor makes it ordinary again. */
+    int null = open("/dev/null", O_RDONLY);
+    CHECK(dup2(null, d2) == d2);
+    CHECK(read(d2, ev, sizeof ev) == 0); /* /dev/null's EOF, not an event */
+    close(null);
+    close(d1);
+    close(d2);
+    close(d3);
+    close(d4);
+    munmap(p, page);
+}
+
+static void test_fork(void) {
+    int fd = open_dev(O_RDONLY | O_NONBLOCK);
+    volatile __u64 *counter = mmap(NULL, 8, PROT_READ, MAP_SHARED, fd, 0);
+    CHECK(counter != MAP_FAILED);
+    char *p = map(2);
+    CHECK(reg(fd, p, p + page, 1) == 0);
+    struct ummunotify_event ev[4];
+    CHECK_ERR(read(fd, ev, sizeof ev), EAGAIN);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        /* The child's descriptor is dead (EIO); its counter view never equals a LAST. */
+        CHECK(*counter >> 63 == 1);
+        CHECK_ERR(read(fd, ev, sizeof ev), EIO);
+        CHECK_ERR(reg(fd, p + page, p + 2 * page, 2), EIO);
+        CHECK_ERR(unreg(fd, 1), EIO);
+        volatile __u64 *c2 = mmap(NULL, 8, PROT_READ, MAP_SHARED, fd, 0);
+        CHECK(c2 != MAP_FAILED && *c2 >> 63 == 1);
+        CHECK(close(fd) == 0);
+        /* A new open in the child works. */
+        int cfd = open_dev(O_RDONLY | O_NONBLOCK);
+        CHECK(reg(cfd, p, p + page, 3) == 0);
+        CHECK(madvise(p, page, MADV_DONTNEED) == 0);
+        CHECK(read(cfd, ev, sizeof ev) == 64 && ev[0].user_cookie_counter == 3);
+        CHECK(close(cfd) == 0);
+        _exit(0);
+    }
+    int status;
+    CHECK(waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    /* The parent's descriptor and view are unaffected. */
+    CHECK(*counter >> 63 == 0);
+    CHECK(madvise(p, page, MADV_DONTNEED) == 0);
+    CHECK(drain(fd, ev, 4, counter) == 1 && ev[0].user_cookie_counter == 1);
+    munmap((void *)counter, 8);
+    close(fd);
+    munmap(p, 2 * page);
+}
+
+#define THREADS 4
+static int shared_fd;
+static void *hammer(void *arg) {
+    __u64 base = (uintptr_t)arg * 1000000;
+    struct ummunotify_event ev[MAX_EV];
+    for (int i = 0; i < 100; i++) {
+        char *p = map(1);
+        CHECK(reg(shared_fd, p, p + page, base + i) == 0);
+        CHECK(madvise(p, page, MADV_DONTNEED) == 0);
+        ssize_t r = read(shared_fd, ev, sizeof ev);
+        CHECK(r > 0 || errno == EAGAIN);
+        CHECK(unreg(shared_fd, base + i) == 0);
+        munmap(p, page);
+    }
+    return NULL;
+}
+
+static void test_threads(void) {
+    shared_fd = open_dev(O_RDONLY | O_NONBLOCK);
+    pthread_t t[THREADS];
+    for (uintptr_t i = 0; i < THREADS; i++)
+        CHECK(pthread_create(&t[i], NULL, hammer, (void *)(i + 1)) == 0);
+    for (int i = 0; i < THREADS; i++)
+        CHECK(pthread_join(t[i], NULL) == 0);
+    close(shared_fd);
+}
+
+int main(void) {
+    page = (size_t)sysconf(_SC_PAGESIZE);
+    close(open_dev(O_RDONLY)); /* skip early if the device can not work here */
+    test_open_flags();
+    test_ioctls();
+    test_events();
+    test_page_per_read();
+    test_blocking_and_flags();
+    test_fork();
+    test_threads();
+    printf("abi2010: %d checks passed\n", checks);
+    return 0;
+}
