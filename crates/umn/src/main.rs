@@ -3,6 +3,9 @@ use std::process::ExitCode;
 
 use umn::{coverage, doctor};
 
+mod bench;
+mod demo;
+
 const USAGE: &str = "\
 usage: umn <command>
 
@@ -10,6 +13,10 @@ commands:
   doctor             which backends work here, which kernel features exist, what is missing
   coverage [--json]  run every kind of mapping change against the notifier (each in a child
                      process) and report: detected yes/no, stale uses
+  demo               the x == y story with io_uring fixed buffers: a naive cache writes stale
+                     bytes, the ummunotify cache does not
+  bench [--json]     cache and notifier costs as ratios to baselines measured in the same run
+                     (build with --release)
 ";
 
 fn main() -> ExitCode {
@@ -52,6 +59,30 @@ fn main() -> ExitCode {
             }
             None => ExitCode::FAILURE,
         },
+        ["demo"] => match demo::run() {
+            Ok(true) => ExitCode::SUCCESS,
+            Ok(false) => ExitCode::FAILURE,
+            Err(e) => {
+                eprintln!("umn demo: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        ["bench", rest @ ..] if rest.iter().all(|a| *a == "--json" || *a == "--quick") => {
+            match bench::run(rest.contains(&"--quick")) {
+                Ok(rows) => {
+                    if rest.contains(&"--json") {
+                        println!("{}", bench::to_json(&rows));
+                    } else {
+                        print!("{}", bench::to_table(&rows));
+                    }
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("umn bench: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         ["help"] | ["--help"] | ["-h"] => {
             print!("{USAGE}");
             ExitCode::SUCCESS

@@ -43,6 +43,8 @@ pub(super) struct Owned {
     pub(super) epoch: u64,
     pub(super) mru: [Mru; MRU],
     next: usize,
+    /// The line that hit last (checked first).
+    last: usize,
     hint: usize,
 }
 
@@ -53,16 +55,27 @@ impl Owned {
             epoch: u64::MAX,
             mru: [EMPTY; MRU],
             next: 0,
+            last: 0,
             hint: 0,
         }
     }
 
-    #[inline]
-    pub(super) fn find(&self, start: usize, end: usize) -> Option<*const ()> {
-        self.mru
+    #[inline(always)]
+    pub(super) fn find(&mut self, start: usize, end: usize) -> Option<*const ()> {
+        let m = &self.mru[self.last];
+        if m.start <= start && end <= m.end {
+            return Some(m.entry);
+        }
+        self.find_other(start, end)
+    }
+
+    fn find_other(&mut self, start: usize, end: usize) -> Option<*const ()> {
+        let i = self
+            .mru
             .iter()
-            .find(|m| m.start <= start && end <= m.end)
-            .map(|m| m.entry)
+            .position(|m| m.start <= start && end <= m.end)?;
+        self.last = i;
+        Some(self.mru[i].entry)
     }
 
     pub(super) fn clear(&mut self) {

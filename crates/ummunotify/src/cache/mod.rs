@@ -210,6 +210,9 @@ struct State<K> {
 /// `Arc`.
 pub struct Cache<R: Registrar> {
     id: u64,
+    /// The notifier's counter word (on its own page, which lives as long as `notifier`): saves
+    /// the hit path two dependent loads through the notifier.
+    counter: NonNull<AtomicU64>,
     epoch: Padded<AtomicU64>,
     notifier: Notifier,
     lookup: Lookup<R::Key>,
@@ -229,6 +232,12 @@ pub struct Cache<R: Registrar> {
     regions: AtomicUsize,
     bytes: AtomicUsize,
 }
+
+// SAFETY: `counter` is a shared reference in disguise (to an atomic in the notifier's counter
+// page, owned through `notifier`); every other field is `Send + Sync` given the bounds.
+unsafe impl<R: Registrar> Send for Cache<R> where R::Key: Send + Sync {}
+// SAFETY: as above.
+unsafe impl<R: Registrar> Sync for Cache<R> where R::Key: Send + Sync {}
 
 #[repr(align(128))]
 struct Padded<T>(T);
@@ -338,6 +347,7 @@ impl<R: Registrar> Cache<R> {
         let seen = notifier.generation().unwrap_or(Generation(u64::MAX));
         Cache {
             id: NEXT_CACHE_ID.fetch_add(1, Relaxed),
+            counter: NonNull::from(notifier.counter()),
             epoch: Padded(AtomicU64::new(0)),
             notifier,
             lookup: Lookup::new(),
@@ -411,8 +421,11 @@ impl<R: Registrar> Cache<R> {
         let entry = o.find(start, end)?;
         let hazard = slot.publish(o, entry)?;
         fence::light();
-        if self.notifier.unchanged_since(Generation(o.gen)) && self.epoch.0.load(Acquire) == o.epoch
-        {
+        // SAFETY: `counter` points into the notifier's counter page, mapped for as long as
+        // `self.notifier` (owned by `self`) lives.
+        let counter = unsafe { self.counter.as_ref() };
+        // The same one-load check as `Notifier::unchanged_since`.
+        if counter.load(Acquire) == o.gen && self.epoch.0.load(Acquire) == o.epoch {
             slot.count_hit();
             let entry = NonNull::new(entry.cast_mut().cast::<Entry<R::Key>>())?;
             let handle = Handle {

@@ -1,0 +1,402 @@
+//! `umn bench`: the cache's and the notifier's costs, each as a ratio to a baseline measured in
+//! the same run (the machine is noisy; absolute numbers only make sense next to their baseline).
+//!
+//! Every timed quantity is the median over many batches of the mean cost per operation in a batch
+//! (the same statistic as the UCX rcache harness's "batch-1000 mean/call" lines).
+#![allow(unsafe_code)] // mmap/munmap/madvise of benchmark memory.
+
+use std::collections::HashMap;
+use std::hint::black_box;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Barrier;
+use std::time::Instant;
+
+use ummunotify::cache::{Cache, Config};
+use ummunotify::registrar::NoopRegistrar;
+use ummunotify::{Cookie, Notifier};
+
+/// One result row.
+#[derive(Debug, Clone)]
+pub struct Row {
+    /// Stable name (see the module doc of the command).
+    pub name: &'static str,
+    /// Cost of one operation, ns (for `cache_hit_2threads_speedup`: ns per op with 2 threads).
+    pub ns_per_op: f64,
+    /// The baseline's cost, ns.
+    pub baseline: f64,
+    /// What the baseline is.
+    pub baseline_name: &'static str,
+    /// `ns_per_op / baseline` (for the speedup row: `baseline / ns_per_op`).
+    pub ratio: f64,
+}
+
+fn row(name: &'static str, ns: f64, baseline_name: &'static str, base: f64) -> Row {
+    Row {
+        name,
+        ns_per_op: ns,
+        baseline: base,
+        baseline_name,
+        ratio: ns / base,
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// Median over `batches` of the mean ns per call of `f` in a batch of `per` calls.
+fn batched(batches: usize, per: usize, mut f: impl FnMut()) -> f64 {
+    let mut v = Vec::with_capacity(batches);
+    for _ in 0..batches {
+        let t = Instant::now();
+        for _ in 0..per {
+            f();
+        }
+        v.push(t.elapsed().as_nanos() as f64 / per as f64);
+    }
+    median(v)
+}
+
+/// Two closures measured alternately, batch by batch (so noise hits both alike).
+fn paired(batches: usize, per: usize, mut a: impl FnMut(), mut b: impl FnMut()) -> (f64, f64) {
+    let (mut va, mut vb) = (Vec::new(), Vec::new());
+    for _ in 0..batches {
+        va.push(batched(1, per, &mut a));
+        vb.push(batched(1, per, &mut b));
+    }
+    (median(va), median(vb))
+}
+
+fn page() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    unsafe { libc::sysconf(libc::_SC_PAGESIZE) as usize }
+}
+
+fn map(len: usize, at: usize) -> usize {
+    let mut flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
+    if at != 0 {
+        flags |= libc::MAP_FIXED_NOREPLACE;
+    }
+    // SAFETY: a fresh anonymous mapping; NOREPLACE never clobbers an existing one.
+    let p = unsafe {
+        libc::mmap(
+            at as *mut _,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            flags,
+            -1,
+            0,
+        )
+    };
+    assert!(
+        p != libc::MAP_FAILED && (at == 0 || p as usize == at),
+        "mmap failed"
+    );
+    p as usize
+}
+
+fn unmap(addr: usize, len: usize) {
+    // SAFETY: benchmark-owned mapping.
+    unsafe { libc::munmap(addr as *mut _, len) };
+}
+
+fn touch(addr: usize, len: usize) {
+    // SAFETY: benchmark-owned writable mapping.
+    unsafe { std::ptr::write_bytes(addr as *mut u8, 1, len) };
+}
+
+/// Runs every benchmark; `quick` shortens them (for tests).
+pub fn run(quick: bool) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
+    let scale = if quick { 10 } else { 1 };
+    let batches = 101;
+    let per = 20_000 / scale;
+    let pg = page();
+    let mut rows = Vec::new();
+
+    // Hits on a warm region, against an atomic load and a HashMap lookup.
+    let cache = Cache::new(NoopRegistrar, Config::default().merge_adjacent(false))?;
+    let buf = map(1 << 20, 0);
+    touch(buf, 1 << 20);
+    drop(cache.get(buf, 1 << 20)?);
+    let word = AtomicU64::new(1);
+    let map1k: HashMap<usize, usize> = (0..1000).map(|i| (i * 4096, i)).collect();
+    let mut key = 0usize;
+    let mut hit_ns = Vec::new();
+    let mut load_ns = Vec::new();
+    let mut hash_ns = Vec::new();
+    for _ in 0..batches {
+        hit_ns.push(batched(1, per, || {
+            let h = cache
+                .get(black_box(buf + 8192), black_box(4096))
+                .expect("hit");
+            black_box(&h);
+        }));
+        load_ns.push(batched(1, per, || {
+            black_box(word.load(Relaxed));
+        }));
+        hash_ns.push(batched(1, per, || {
+            key = (key + 4096) % (1000 * 4096);
+            black_box(map1k.get(&black_box(key)));
+        }));
+    }
+    let (hit, load, hash) = (median(hit_ns), median(load_ns), median(hash_ns));
+    rows.push(row("cache_hit", hit, "atomic_load", load));
+    rows.push(row("cache_hit_vs_hashmap", hit, "hashmap_lookup_1k", hash));
+
+    // Counter check vs a plain load.
+    let n = cache.notifier();
+    let g = n.generation()?;
+    let (check, load2) = paired(
+        batches,
+        per,
+        || {
+            black_box(n.unchanged_since(black_box(g)));
+        },
+        || {
+            black_box(word.load(Relaxed));
+        },
+    );
+    rows.push(row("counter_check", check, "atomic_load", load2));
+
+    // Two threads hitting the same region of the same cache.
+    let ops = 2_000_000 / scale;
+    let one = threads_hit(&cache, buf, 1, ops);
+    let two = threads_hit(&cache, buf, 2, ops);
+    rows.push(Row {
+        name: "cache_hit_2threads_speedup",
+        ns_per_op: two,
+        baseline: one,
+        baseline_name: "cache_hit_1thread_throughput",
+        ratio: one / two,
+    });
+
+    // Misses with the no-op registrar (fresh pages each time; regions stay cached).
+    let nmiss = 20_000 / scale;
+    let arena = map(nmiss * pg, 0);
+    let miss_cache = Cache::new(
+        NoopRegistrar,
+        Config::default().merge_adjacent(false).max_regions(1 << 21),
+    )?;
+    let t = Instant::now();
+    for i in 0..nmiss {
+        drop(miss_cache.get(arena + i * pg, pg)?);
+    }
+    let miss = t.elapsed().as_nanos() as f64 / nmiss as f64;
+    rows.push(row("cache_miss", miss, "cache_hit", hit));
+    drop(miss_cache);
+    unmap(arena, nmiss * pg);
+
+    // Invalidation cycle: munmap + mmap at the same address + get, vs the same on memory the
+    // cache does not know (interleaved).
+    let cycles = 5_000 / scale;
+    let (a, b) = (map(pg, 0), map(pg, 0));
+    touch(a, pg);
+    drop(cache.get(a, pg)?);
+    let (mut va, mut vb) = (Vec::new(), Vec::new());
+    for _ in 0..cycles {
+        let t = Instant::now();
+        unmap(a, pg);
+        map(pg, a);
+        drop(cache.get(a, pg)?);
+        va.push(t.elapsed().as_nanos() as f64);
+        let t = Instant::now();
+        unmap(b, pg);
+        map(pg, b);
+        vb.push(t.elapsed().as_nanos() as f64);
+    }
+    rows.push(row(
+        "cache_invalidate_cycle",
+        median(va),
+        "munmap_mmap_unregistered",
+        median(vb),
+    ));
+    cache.flush();
+
+    // munmap / madvise of a registered 4 KiB page vs an unregistered one.
+    let (mut mr, mut mu, mut dr, mut du) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..cycles {
+        let (r, u) = (map(pg, 0), map(pg, 0));
+        touch(r, pg);
+        touch(u, pg);
+        drop(cache.get(r, pg)?);
+        let t = Instant::now();
+        // SAFETY: benchmark-owned pages.
+        unsafe { libc::madvise(r as *mut _, pg, libc::MADV_DONTNEED) };
+        dr.push(t.elapsed().as_nanos() as f64);
+        let t = Instant::now();
+        // SAFETY: as above.
+        unsafe { libc::madvise(u as *mut _, pg, libc::MADV_DONTNEED) };
+        du.push(t.elapsed().as_nanos() as f64);
+        cache.flush();
+        drop(cache.get(r, pg)?);
+        let t = Instant::now();
+        unmap(r, pg);
+        mr.push(t.elapsed().as_nanos() as f64);
+        let t = Instant::now();
+        unmap(u, pg);
+        mu.push(t.elapsed().as_nanos() as f64);
+    }
+    cache.flush();
+    rows.push(row(
+        "munmap_registered_4k",
+        median(mr),
+        "munmap_unregistered_4k",
+        median(mu),
+    ));
+    rows.push(row(
+        "madvise_registered_4k",
+        median(dr),
+        "madvise_unregistered_4k",
+        median(du),
+    ));
+
+    // Notifier register + unregister of one page, vs mlock + munlock of it.
+    let p = map(pg, 0);
+    touch(p, pg);
+    let notifier: &Notifier = cache.notifier();
+    let mut cookie = 1u64;
+    let (reg, lock) = paired(
+        51,
+        200 / scale.min(10),
+        || {
+            cookie += 1;
+            notifier
+                .register(p..p + pg, Cookie(cookie))
+                .expect("register");
+            notifier.unregister(Cookie(cookie)).expect("unregister");
+        },
+        || {
+            // SAFETY: benchmark-owned page.
+            unsafe {
+                libc::mlock(p as *const _, pg);
+                libc::munlock(p as *const _, pg);
+            }
+        },
+    );
+    rows.push(row("register_unregister", reg, "mlock_munlock", lock));
+    unmap(p, pg);
+    drop(cache);
+    unmap(buf, 1 << 20);
+
+    // 1K vs 1M cached regions: the same warm hit, and a hit rotating over 64 regions (the MRU
+    // misses, so it goes through the index).
+    let big = if quick { 20_000 } else { 1 << 20 };
+    let (h1k, r1k) = hit_with_regions(1000, per, batches)?;
+    let (h1m, r1m) = hit_with_regions(big, per, batches)?;
+    rows.push(row("cache_hit_1m_vs_1k", h1m, "cache_hit_1k_regions", h1k));
+    rows.push(row(
+        "cache_hit_index_1m_vs_1k",
+        r1m,
+        "cache_hit_index_1k_regions",
+        r1k,
+    ));
+    Ok(rows)
+}
+
+/// ns per hit (aggregate over `threads` threads hitting the same region, `ops` hits each).
+fn threads_hit(cache: &Cache<NoopRegistrar>, buf: usize, threads: usize, ops: usize) -> f64 {
+    let mut best = f64::MAX;
+    for _ in 0..7 {
+        let barrier = Barrier::new(threads);
+        // Each thread times itself; the run lasts from the first start to the last end.
+        let spans: Vec<(Instant, Instant)> = std::thread::scope(|s| {
+            let workers: Vec<_> = (0..threads)
+                .map(|_| {
+                    s.spawn(|| {
+                        drop(cache.get(buf, 4096).expect("warm"));
+                        barrier.wait();
+                        let start = Instant::now();
+                        for _ in 0..ops {
+                            let h = cache
+                                .get(black_box(buf + 8192), black_box(4096))
+                                .expect("hit");
+                            black_box(&h);
+                        }
+                        (start, Instant::now())
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .map(|w| w.join().expect("worker"))
+                .collect()
+        });
+        let first = spans.iter().map(|s| s.0).min().expect("threads");
+        let last = spans.iter().map(|s| s.1).max().expect("threads");
+        best = best.min((last - first).as_nanos() as f64 / (ops * threads) as f64);
+    }
+    best
+}
+
+/// With `n` one-page regions cached: (warm hit ns, hit rotating over 64 regions ns).
+fn hit_with_regions(
+    n: usize,
+    per: usize,
+    batches: usize,
+) -> Result<(f64, f64), Box<dyn std::error::Error>> {
+    let pg = page();
+    let cache = Cache::new(
+        NoopRegistrar,
+        Config::default().merge_adjacent(false).max_regions(n + 1),
+    )?;
+    let arena = map(n * pg, 0);
+    for i in 0..n {
+        drop(cache.get(arena + i * pg, pg)?);
+    }
+    let warm = arena + (n / 2) * pg;
+    drop(cache.get(warm, 64)?);
+    let stride = (n / 64).max(1);
+    let mut i = 0usize;
+    let (hit, rot) = paired(
+        batches,
+        per,
+        || {
+            let h = cache.get(black_box(warm), black_box(64)).expect("hit");
+            black_box(&h);
+        },
+        || {
+            i = (i + 1) % 64;
+            let h = cache
+                .get(black_box(arena + (i * stride) * pg), black_box(64))
+                .expect("hit");
+            black_box(&h);
+        },
+    );
+    drop(cache);
+    unmap(arena, n * pg);
+    Ok((hit, rot))
+}
+
+/// The rows as a table.
+pub fn to_table(rows: &[Row]) -> String {
+    let mut s = format!(
+        "{:<28} {:>12}  {:<30} {:>10} {:>8}\n",
+        "name", "ns/op", "baseline", "ns", "ratio"
+    );
+    for r in rows {
+        s += &format!(
+            "{:<28} {:>12.1}  {:<30} {:>10.1} {:>8.2}\n",
+            r.name, r.ns_per_op, r.baseline_name, r.baseline, r.ratio
+        );
+    }
+    s
+}
+
+/// The rows as `{"results": [{"name", "ns_per_op", "baseline", "baseline_name", "ratio"}]}`.
+pub fn to_json(rows: &[Row]) -> String {
+    let items: Vec<String> = rows
+        .iter()
+        .map(|r| {
+            format!(
+                "{{\"name\": {}, \"ns_per_op\": {:.2}, \"baseline\": {:.2}, \"baseline_name\": {}, \"ratio\": {:.3}}}",
+                umn::json::string(r.name),
+                r.ns_per_op,
+                r.baseline,
+                umn::json::string(r.baseline_name),
+                r.ratio
+            )
+        })
+        .collect();
+    format!("{{\"results\": [\n  {}\n]}}", items.join(",\n  "))
+}
