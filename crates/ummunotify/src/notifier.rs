@@ -119,6 +119,8 @@ pub(crate) struct Shared {
     invalidations: StdAtomicU64,
     events_read: StdAtomicU64,
     monitor_tid: AtomicI32,
+    /// Fault injection for tests: the next message makes the event path fail.
+    fail_next: AtomicBool,
 }
 
 /// Proof that the index lock is held, and the only way to reach slot data.
@@ -247,6 +249,9 @@ impl Shared {
     /// The monitor's step 5 for one message (see `crate::generation`). Event path.
     pub(crate) fn apply(&self, inv: Invalidation) {
         self.messages.fetch_add(1, Relaxed);
+        if self.fail_next.swap(false, Relaxed) {
+            panic!("injected event-path failure");
+        }
         let mut l = self.lock_index();
         let (newly, hits) = match inv {
             Invalidation::Unmap { start, end } => {
@@ -308,6 +313,11 @@ impl Shared {
 
     pub(crate) fn uffd_fd(&self) -> BorrowedFd<'_> {
         self.uffd.fd()
+    }
+
+    /// The monitor is exiting: close the context (see `Uffd::close_from_monitor`).
+    pub(crate) fn close_uffd(&self) {
+        self.uffd.close_from_monitor();
     }
 
     pub(crate) fn stop_fd(&self) -> BorrowedFd<'_> {
@@ -469,6 +479,7 @@ impl Notifier {
             invalidations: StdAtomicU64::new(0),
             events_read: StdAtomicU64::new(0),
             monitor_tid: AtomicI32::new(0),
+            fail_next: AtomicBool::new(false),
         });
         let fork_slot = fork::Slot::new(shared.counter.addr()).ok_or(Error::Os {
             op: "fork registration",
@@ -768,6 +779,14 @@ impl Notifier {
             coverage_segments,
             stray_overflows,
         }
+    }
+
+    /// Fault injection for tests: the monitor fails while applying the next message, as a bug in
+    /// the event path would. It must then report every region invalid and keep releasing
+    /// unmapping threads. Not part of the stable API.
+    #[doc(hidden)]
+    pub fn inject_monitor_failure(&self) {
+        self.shared.fail_next.store(true, SeqCst);
     }
 
     /// The kernel thread id of the monitor (0 before it started), for diagnostics and tests

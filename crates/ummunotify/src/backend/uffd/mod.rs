@@ -1,10 +1,13 @@
 //! The userfaultfd backend: write-protect-mode registration (never write-protected, so no faults)
 //! with the non-cooperative `UNMAP`, `REMOVE` and `REMAP` events.
+#![allow(unsafe_code)] // Only `Uffd::close_from_monitor`/`Drop`: closing the fd from the monitor thread.
 pub(crate) mod monitor;
 pub(crate) mod sys;
 
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::mem::ManuallyDrop;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 
 use super::{BackendReport, Invalidation};
 use crate::Unsupported;
@@ -13,8 +16,15 @@ use sys::feature;
 const REQUIRED: u64 = feature::EVENT_UNMAP | feature::EVENT_REMOVE | feature::EVENT_REMAP;
 
 /// An initialised userfaultfd context.
+///
+/// The monitor closes the fd itself just before its thread exits ([`Uffd::close_from_monitor`]):
+/// a thread's exit unmaps and frees memory (its stack, its TLS), and if any of that memory is
+/// watched by this very context (an address reused after an unmap and re-watched on re-arm), the
+/// exiting monitor would wait forever for an event only it could read. With the context closed,
+/// there is nothing to wait for.
 pub(crate) struct Uffd {
-    fd: OwnedFd,
+    fd: ManuallyDrop<OwnedFd>,
+    closed: AtomicBool,
     features: u64,
     how: &'static str,
 }
@@ -80,7 +90,8 @@ impl Uffd {
         // The kernel answers with every feature it has, not the ones enabled: remember ours.
         sys::api(fd.as_fd(), wanted).map_err(Unsupported::Other)?;
         Ok(Uffd {
-            fd,
+            fd: ManuallyDrop::new(fd),
+            closed: AtomicBool::new(false),
             features: wanted,
             how,
         })
@@ -107,6 +118,27 @@ impl Uffd {
 
     pub(crate) fn fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
+    }
+
+    /// Closes the context: every watch is dropped and every waiting unmapper released.
+    ///
+    /// Called only by the monitor thread as it exits, which happens only from the notifier's
+    /// `Drop` (exclusive access: no user thread can be using the fd) or after the fd failed.
+    pub(crate) fn close_from_monitor(&self) {
+        if !self.closed.swap(true, SeqCst) {
+            // SAFETY: the fd is open (closed was false) and, per the contract above, no other
+            // thread uses it any more; `Drop` will not close it again.
+            unsafe { libc::close(self.fd.as_raw_fd()) };
+        }
+    }
+}
+
+impl Drop for Uffd {
+    fn drop(&mut self) {
+        if !self.closed.swap(true, SeqCst) {
+            // SAFETY: not closed yet, and we have exclusive access.
+            unsafe { ManuallyDrop::drop(&mut self.fd) };
+        }
     }
 }
 

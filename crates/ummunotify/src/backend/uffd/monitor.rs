@@ -22,7 +22,11 @@ pub(crate) fn spawn(shared: Arc<Shared>) -> io::Result<JoinHandle<()>> {
     let _blocked = SignalsBlocked::new();
     std::thread::Builder::new()
         .name("ummunotify-mon".into())
-        .spawn(move || run(&shared))
+        .spawn(move || {
+            run(&shared);
+            // Before this thread exits (unmapping its stack, freeing its TLS): see `Uffd`.
+            shared.close_uffd();
+        })
 }
 
 fn run(shared: &Shared) {

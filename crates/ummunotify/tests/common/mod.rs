@@ -1,0 +1,77 @@
+//! Helpers shared by the notifier's integration tests: raw anonymous mappings.
+#![allow(dead_code)]
+
+pub const PAGE: usize = 4096;
+
+/// A fresh private anonymous read-write mapping of `len` bytes, touched (so pages exist).
+pub fn map(len: usize) -> usize {
+    // SAFETY: a new mapping at an address the kernel chooses; nothing existing is affected.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(
+        p,
+        libc::MAP_FAILED,
+        "mmap: {}",
+        std::io::Error::last_os_error()
+    );
+    // SAFETY: the mapping is ours, read-write, `len` bytes.
+    unsafe { std::ptr::write_bytes(p.cast::<u8>(), 0xA5, len) };
+    p as usize
+}
+
+/// Maps `len` bytes exactly at `addr`, failing rather than replacing anything there.
+pub fn map_at(addr: usize, len: usize) -> bool {
+    // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping.
+    let p = unsafe {
+        libc::mmap(
+            addr as *mut libc::c_void,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+            -1,
+            0,
+        )
+    };
+    p as usize == addr
+}
+
+/// `munmap(addr, len)` on a mapping this test created.
+pub fn unmap(addr: usize, len: usize) {
+    // SAFETY: the tests only unmap mappings they created and no longer reference.
+    let r = unsafe { libc::munmap(addr as *mut libc::c_void, len) };
+    assert_eq!(r, 0, "munmap: {}", std::io::Error::last_os_error());
+}
+
+/// `madvise(addr, len, advice)`.
+pub fn madvise(addr: usize, len: usize, advice: libc::c_int) {
+    // SAFETY: the tests only advise on mappings they created.
+    let r = unsafe { libc::madvise(addr as *mut libc::c_void, len, advice) };
+    assert_eq!(r, 0, "madvise: {}", std::io::Error::last_os_error());
+}
+
+/// Whether the notifier's fd is readable right now (`poll` with timeout 0).
+pub fn readable(fd: std::os::fd::BorrowedFd<'_>) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    unsafe { libc::poll(&mut p, 1, 0) == 1 }
+}
+
+/// A private low address range for tests that unmap and map again at the same address: the
+/// kernel's top-down `mmap` never picks addresses this low, so no other thread of the test process
+/// can take the hole in between. Each test uses its own `slot`.
+pub fn fixed_area(slot: usize) -> usize {
+    0x2000_0000 + slot * 0x10_0000
+}

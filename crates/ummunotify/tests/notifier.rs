@@ -1,0 +1,368 @@
+//! The notifier against the real kernel: events, hints, coalescing, re-arming, readiness,
+//! coverage sharing, bad input (guarantee 5), monitor failure, concurrent stale-use hunting.
+mod common;
+
+use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
+use std::sync::Arc;
+
+use common::*;
+use ummunotify::{Cookie, Error, Event, Notifier};
+
+fn notifier() -> Notifier {
+    Notifier::new().expect("userfaultfd notifier (CI runs as root on a kernel that has it)")
+}
+
+#[test]
+fn munmap_invalidates_before_it_returns_and_reports_the_callers_range() {
+    let n = notifier();
+    let p = map(4 * PAGE);
+    // A sub-page range: events report it as given, not rounded.
+    let r = n.register(p + 100..p + 2 * PAGE + 7, Cookie(1)).unwrap();
+    let g = n.generation().unwrap();
+    assert!(n.is_valid(r) && n.unchanged_since(g));
+    unmap(p, 4 * PAGE);
+    assert!(!n.is_valid(r), "region valid after munmap returned");
+    assert!(
+        !n.unchanged_since(g),
+        "counter unchanged after munmap returned"
+    );
+    let ev = n.events().unwrap();
+    assert_eq!(
+        ev,
+        vec![Event {
+            cookie: Cookie(1),
+            start: p + 100,
+            end: p + 2 * PAGE + 7,
+            hint: true
+        }]
+    );
+    assert!(!n.is_valid(r), "an old token never reads valid again");
+}
+
+#[test]
+fn hint_is_clipped_then_cleared_by_a_second_invalidation() {
+    let n = notifier();
+    let p = map(8 * PAGE);
+    n.register(p + 2 * PAGE..p + 6 * PAGE, Cookie(7)).unwrap();
+    madvise(p, 3 * PAGE, libc::MADV_DONTNEED);
+    let ev = n.events().unwrap();
+    assert_eq!(ev.len(), 1);
+    assert_eq!(ev[0].range(), p + 2 * PAGE..p + 3 * PAGE);
+    assert!(ev[0].hint);
+    // Two invalidations before a read: one event, no hint, the whole region.
+    madvise(p + 5 * PAGE, PAGE, libc::MADV_DONTNEED);
+    madvise(p + 2 * PAGE, PAGE, libc::MADV_DONTNEED);
+    let ev = n.events().unwrap();
+    assert_eq!(
+        ev.len(),
+        1,
+        "coalesced: at most one pending event per region"
+    );
+    assert_eq!(ev[0].range(), p + 2 * PAGE..p + 6 * PAGE);
+    assert!(!ev[0].hint);
+    n.unregister(Cookie(7)).unwrap();
+    unmap(p, 8 * PAGE);
+}
+
+#[test]
+fn reading_the_event_rearms_the_region() {
+    let n = notifier();
+    let p = map(2 * PAGE);
+    let r1 = n.register(p..p + 2 * PAGE, Cookie(3)).unwrap();
+    madvise(p, PAGE, libc::MADV_DONTNEED);
+    assert!(!n.is_valid(r1));
+    assert_eq!(n.events().unwrap().len(), 1);
+    let r2 = n.region(Cookie(3)).unwrap();
+    assert!(n.is_valid(r2), "re-armed after its event was read");
+    assert!(!n.is_valid(r1));
+    madvise(p + PAGE, PAGE, libc::MADV_DONTNEED);
+    assert!(!n.is_valid(r2));
+    let ev = n.events().unwrap();
+    assert_eq!(ev.len(), 1);
+    assert_eq!(ev[0].range(), p + PAGE..p + 2 * PAGE);
+    n.unregister(Cookie(3)).unwrap();
+    unmap(p, 2 * PAGE);
+}
+
+#[test]
+fn a_region_unmapped_and_mapped_again_is_watched_again_after_its_event() {
+    let n = notifier();
+    let p = fixed_area(1);
+    assert!(map_at(p, PAGE));
+    n.register(p..p + PAGE, Cookie(5)).unwrap();
+    unmap(p, PAGE);
+    assert!(map_at(p, PAGE));
+    // The old watch went with the unmap; reading the event re-watches the new mapping.
+    assert_eq!(n.events().unwrap().len(), 1);
+    let r = n.region(Cookie(5)).unwrap();
+    assert!(n.is_valid(r), "re-armed over the new mapping");
+    unmap(p, PAGE);
+    assert!(!n.is_valid(r), "the new mapping's unmap was seen");
+    assert_eq!(n.events().unwrap().len(), 1);
+    // Now nothing is mapped there: reading the event leaves the region invalid.
+    let r = n.region(Cookie(5)).unwrap();
+    assert!(!n.is_valid(r), "a region over a hole stays invalid");
+    n.unregister(Cookie(5)).unwrap();
+}
+
+#[test]
+fn untouched_memory_reports_nothing() {
+    let n = notifier();
+    let p = map(4 * PAGE);
+    let r = n.register(p + PAGE..p + 2 * PAGE, Cookie(9)).unwrap();
+    let g = n.generation().unwrap();
+    madvise(p, PAGE, libc::MADV_DONTNEED);
+    madvise(p + 2 * PAGE, 2 * PAGE, libc::MADV_DONTNEED);
+    unmap(p + 3 * PAGE, PAGE);
+    assert!(n.is_valid(r));
+    assert!(
+        n.unchanged_since(g),
+        "unwatched pages cost nothing and say nothing"
+    );
+    assert!(n.events().unwrap().is_empty());
+    n.unregister(Cookie(9)).unwrap();
+    unmap(p, 3 * PAGE);
+}
+
+#[test]
+fn overlapping_regions_share_coverage_and_each_get_one_event() {
+    let n = notifier();
+    let p = map(4 * PAGE);
+    let a = n.register(p..p + 3 * PAGE, Cookie(1)).unwrap();
+    let b = n.register(p + PAGE..p + 4 * PAGE, Cookie(2)).unwrap();
+    let c = n.register(p + PAGE..p + 4 * PAGE, Cookie(3)).unwrap(); // duplicate range
+    n.unregister(Cookie(1)).unwrap(); // must not drop coverage b and c need
+    assert!(!n.is_valid(a), "an unregistered region's token is invalid");
+    madvise(p + PAGE, PAGE, libc::MADV_DONTNEED);
+    assert!(!n.is_valid(b) && !n.is_valid(c));
+    let mut ev = n.events().unwrap();
+    ev.sort_by_key(|e| e.cookie);
+    let cookies: Vec<_> = ev.iter().map(|e| e.cookie).collect();
+    assert_eq!(cookies, vec![Cookie(2), Cookie(3)]);
+    n.unregister(Cookie(2)).unwrap();
+    n.unregister(Cookie(3)).unwrap();
+    unmap(p, 4 * PAGE);
+}
+
+#[test]
+fn fd_is_readable_as_soon_as_the_unmapping_call_returns() {
+    let n = notifier();
+    for i in 0..500u64 {
+        let p = map(PAGE);
+        n.register(p..p + PAGE, Cookie(i)).unwrap();
+        assert!(!readable(n.as_fd()));
+        unmap(p, PAGE);
+        assert!(
+            readable(n.as_fd()),
+            "round {i}: poll(0) after munmap missed the event"
+        );
+        assert_eq!(n.events().unwrap().len(), 1);
+        assert!(!readable(n.as_fd()), "readable with nothing pending");
+        n.unregister(Cookie(i)).unwrap();
+    }
+}
+
+#[test]
+fn read_events_in_small_batches_reports_drained_only_at_the_end() {
+    let n = notifier();
+    let p = map(10 * PAGE);
+    for i in 0..10 {
+        n.register(p + i * PAGE..p + (i + 1) * PAGE, Cookie(i as u64))
+            .unwrap();
+    }
+    unmap(p, 10 * PAGE);
+    let mut buf = [Event::default(); 4];
+    let mut seen = Vec::new();
+    loop {
+        let r = n.read_events(&mut buf).unwrap();
+        seen.extend(buf[..r.count].iter().map(|e| e.cookie.0));
+        if let Some(g) = r.drained {
+            assert!(n.unchanged_since(g));
+            break;
+        }
+        assert_eq!(r.count, 4);
+    }
+    seen.sort();
+    assert_eq!(
+        seen,
+        (0..10).collect::<Vec<_>>(),
+        "every region exactly once"
+    );
+    for i in 0..10 {
+        n.unregister(Cookie(i)).unwrap();
+    }
+}
+
+/// Guarantee 5: bad input gets a typed error and changes nothing.
+#[test]
+fn bad_input_is_refused_and_leaves_the_state_as_it_was() {
+    let n = notifier();
+    // Two mapped pages with a hole after them that no other thread can fill.
+    let p = fixed_area(2);
+    assert!(map_at(p, 2 * PAGE));
+    let hole = p + 4 * PAGE;
+    let r = n.register(p..p + PAGE, Cookie(1)).unwrap();
+    let before = n.stats();
+    #[allow(clippy::reversed_empty_ranges)]
+    type Case<'a> = (
+        &'a str,
+        Result<ummunotify::Region, Error>,
+        fn(&Error) -> bool,
+    );
+    let cases: Vec<Case> = vec![
+        ("empty", n.register(p..p, Cookie(2)), |e| {
+            matches!(e, Error::EmptyRange)
+        }),
+        ("wrapping", n.register(p + PAGE..p, Cookie(2)), |e| {
+            matches!(e, Error::WrappingRange)
+        }),
+        (
+            "rounding overflows",
+            n.register(usize::MAX - 5..usize::MAX, Cookie(2)),
+            |e| matches!(e, Error::WrappingRange),
+        ),
+        ("unmapped", n.register(hole..hole + PAGE, Cookie(2)), |e| {
+            matches!(e, Error::Unmapped)
+        }),
+        (
+            "partly unmapped",
+            n.register(p..p + 2 * PAGE + PAGE, Cookie(2)),
+            |e| matches!(e, Error::Unmapped),
+        ),
+        (
+            "duplicate cookie",
+            n.register(p + PAGE..p + 2 * PAGE, Cookie(1)),
+            |e| matches!(e, Error::DuplicateCookie(Cookie(1))),
+        ),
+    ];
+    for (what, result, expected) in cases {
+        match result {
+            Ok(_) => panic!("{what}: accepted"),
+            Err(e) => assert!(expected(&e), "{what}: wrong error {e:?}"),
+        }
+    }
+    assert!(matches!(
+        n.unregister(Cookie(42)),
+        Err(Error::UnknownCookie(Cookie(42)))
+    ));
+    assert!(matches!(n.region(Cookie(42)), Err(Error::UnknownCookie(_))));
+    assert_eq!(n.stats(), before, "a refused call changed the state");
+    assert!(n.is_valid(r), "a refused call disturbed an existing region");
+    // The refused cookie is still free, and the failed ranges left no watch behind.
+    n.register(p + PAGE..p + 2 * PAGE, Cookie(2)).unwrap();
+    n.unregister(Cookie(2)).unwrap();
+    madvise(p + PAGE, PAGE, libc::MADV_DONTNEED);
+    assert!(n.is_valid(r));
+    assert!(n.events().unwrap().is_empty());
+    n.unregister(Cookie(1)).unwrap();
+    unmap(p, 2 * PAGE);
+}
+
+#[test]
+fn vdso_is_refused_with_a_typed_error() {
+    let n = notifier();
+    // SAFETY: getauxval has no preconditions.
+    let vdso = unsafe { libc::getauxval(libc::AT_SYSINFO_EHDR) } as usize;
+    assert_ne!(vdso, 0);
+    let e = n.register(vdso..vdso + PAGE, Cookie(1)).unwrap_err();
+    assert!(matches!(e, Error::UnsupportedMapping(_)), "{e:?}");
+    assert_eq!(n.stats().regions, 0);
+}
+
+#[test]
+fn a_failed_monitor_reports_every_region_invalid_and_releases_unmappers() {
+    let n = notifier();
+    let p = map(3 * PAGE);
+    let a = n.register(p..p + PAGE, Cookie(1)).unwrap();
+    let b = n.register(p + 2 * PAGE..p + 3 * PAGE, Cookie(2)).unwrap();
+    n.inject_monitor_failure();
+    madvise(p, PAGE, libc::MADV_DONTNEED);
+    assert!(!n.is_valid(a));
+    assert!(
+        !n.is_valid(b),
+        "a region the failing message did not touch must read invalid too"
+    );
+    assert!(matches!(n.events(), Err(Error::MonitorDead)));
+    assert!(matches!(
+        n.register(p..p + PAGE, Cookie(3)),
+        Err(Error::MonitorDead)
+    ));
+    // Unmapping watched memory still returns: the dead monitor keeps draining.
+    for _ in 0..100 {
+        madvise(p + 2 * PAGE, PAGE, libc::MADV_DONTNEED);
+    }
+    unmap(p, 3 * PAGE);
+}
+
+/// Guarantee 1 under concurrency: one thread munmaps and maps again at the same address, another
+/// checks the region after it learned the munmap returned. 100,000 rounds, no stale pass.
+#[test]
+fn no_stale_check_across_threads_100k_rounds() {
+    let rounds: u64 = std::env::var("UMN_RACE_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100_000);
+    let n = Arc::new(notifier());
+    let p = fixed_area(3);
+    assert!(map_at(p, PAGE));
+    let region = n.register(p..p + PAGE, Cookie(1)).unwrap();
+    // Round r: the unmapper publishes `unmapped = r` after munmap returned; the checker then checks
+    // that round's token. The checker's own check and the unmapper's check both count.
+    let unmapped = Arc::new(AtomicU64::new(0));
+    let checked = Arc::new(AtomicU64::new(0));
+    let stale = Arc::new(AtomicUsize::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let tokens = Arc::new(std::sync::Mutex::new(region));
+    let checker = {
+        let (n, unmapped, checked, stale, stop, tokens) = (
+            n.clone(),
+            unmapped.clone(),
+            checked.clone(),
+            stale.clone(),
+            stop.clone(),
+            tokens.clone(),
+        );
+        std::thread::spawn(move || {
+            let mut last = 0;
+            while !stop.load(SeqCst) {
+                let r = unmapped.load(SeqCst);
+                if r == last {
+                    std::hint::spin_loop();
+                    continue;
+                }
+                last = r;
+                let t = *tokens.lock().unwrap();
+                if n.is_valid(t) {
+                    stale.fetch_add(1, SeqCst);
+                }
+                checked.store(r, SeqCst);
+            }
+        })
+    };
+    for r in 1..=rounds {
+        let t = *tokens.lock().unwrap();
+        assert!(n.is_valid(t), "round {r}: fresh region invalid");
+        unmap(p, PAGE);
+        if n.is_valid(t) {
+            stale.fetch_add(1, SeqCst);
+        }
+        unmapped.store(r, SeqCst);
+        assert!(
+            map_at(p, PAGE),
+            "round {r}: could not map at the same address"
+        );
+        // Wait for the checker's verdict on this round, then re-arm for the next.
+        while checked.load(SeqCst) != r {
+            std::hint::spin_loop();
+        }
+        n.events().unwrap();
+        let fresh = n.region(Cookie(1)).unwrap();
+        *tokens.lock().unwrap() = fresh;
+    }
+    stop.store(true, SeqCst);
+    checker.join().unwrap();
+    assert_eq!(stale.load(SeqCst), 0, "stale checks after munmap returned");
+    n.unregister(Cookie(1)).unwrap();
+    unmap(p, PAGE);
+}
