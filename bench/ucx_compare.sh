@@ -1,0 +1,64 @@
+#!/bin/bash
+# Compares the ummunotify cache's hit (get + drop of a warm region) with UCX 1.22's
+# ucs_rcache_get + ucs_rcache_region_put, measured one right after the other in the same
+# invocation (the machine is noisy: only same-run ratios mean anything).
+#
+# Builds the UCX harness from ../shared/peers/ucx against the PyPI wheel libucx-cu12==1.22.0
+# (downloaded with pip into $UCX_WORK, default /tmp/umn-ucx; nothing is written to the repo).
+# If UCX can not be built or run here, says exactly why and exits 2.
+#
+# usage: bench/ucx_compare.sh            (from anywhere; builds umn with --release)
+set -u
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+PEERS=${PEERS:-$REPO/../shared/peers}
+WORK=${UCX_WORK:-/tmp/umn-ucx}
+W=$WORK/ucx122/libucx
+ITERS=${ITERS:-100000}
+
+fail() { echo "ucx_compare: UCX comparison not possible: $*" >&2; exit 2; }
+
+[ -f "$PEERS/ucx/ucs_rcache_bench.c" ] || fail "harness not found at $PEERS/ucx/ucs_rcache_bench.c (set PEERS=)"
+command -v gcc >/dev/null || fail "gcc is not installed (apt-get install gcc)"
+mkdir -p "$WORK" || fail "can not create $WORK"
+
+if [ ! -f "$W/include/ucs/memory/rcache.h" ]; then
+  command -v pip >/dev/null || fail "pip is not installed (needed to fetch libucx-cu12==1.22.0)"
+  command -v unzip >/dev/null || fail "unzip is not installed (apt-get install unzip)"
+  pip download --no-deps libucx-cu12==1.22.0 -d "$WORK/wheel" >"$WORK/pip.log" 2>&1 ||
+    fail "pip download libucx-cu12==1.22.0 failed (no network or no index?): $(tail -1 "$WORK/pip.log")"
+  unzip -q -o "$WORK"/wheel/libucx_cu12-1.22.0-*.whl -d "$WORK/ucx122" ||
+    fail "could not unzip the wheel in $WORK/wheel"
+  [ -f "$W/include/ucs/memory/rcache.h" ] || fail "the wheel has no ucs/memory/rcache.h under $W/include"
+fi
+
+# The harness includes ../common/bench.h: keep the peers layout.
+mkdir -p "$WORK/src/ucx" "$WORK/src/common"
+cp "$PEERS/ucx/ucs_rcache_bench.c" "$WORK/src/ucx/" && cp "$PEERS/common/bench.h" "$WORK/src/common/" ||
+  fail "could not copy the harness"
+BIN=$WORK/src/ucx/ucs_rcache_bench_122
+gcc -O2 -Wall -I"$W/include" -L"$W/lib" -Wl,-rpath,"$W/lib" -DUCX_RCACHE_V2 \
+  -o "$BIN" "$WORK/src/ucx/ucs_rcache_bench.c" -lucs -lucm -lucs 2>"$WORK/gcc.log" ||
+  fail "gcc could not build the harness against UCX 1.22: $(head -3 "$WORK/gcc.log")"
+
+# Our side first, then UCX right after.
+(cd "$REPO" && cargo build --release -q -p umn) || { echo "ucx_compare: cargo build failed" >&2; exit 1; }
+UMN=${CARGO_TARGET_DIR:-$REPO/target}/release/umn
+OURS_JSON=$("$UMN" bench --json) || { echo "ucx_compare: umn bench failed" >&2; exit 1; }
+UCX_OUT=$(UCX_LOG_LEVEL=error "$BIN" "$ITERS" 20000 2>&1) || fail "the UCX harness failed: $(echo "$UCX_OUT" | tail -3)"
+
+echo "$OURS_JSON"
+echo "$UCX_OUT" | grep -E "^HIT .*batch-1000"
+python3 - "$OURS_JSON" "$UCX_OUT" <<'PY'
+import json, re, sys
+ours = {r["name"]: r for r in json.loads(sys.argv[1])["results"]}
+hit = ours["cache_hit"]["ns_per_op"]
+lines = [l for l in sys.argv[2].splitlines() if l.startswith("HIT get+put 4 KiB inside 1 MiB region (batch-1000")]
+if not lines:
+    print("ucx_compare: no UCX hit line found in the harness output", file=sys.stderr); sys.exit(2)
+m = re.search(r"median=\s*(\d+) ns.*mean=\s*([\d.]+)", lines[0])
+ucx_median, ucx_mean = float(m.group(1)), float(m.group(2))
+print()
+print(f"ummunotify cache hit (get + drop, median of batch means): {hit:6.1f} ns")
+print(f"UCX 1.22 rcache get + put (batch-1000, median / mean):     {ucx_median:6.1f} / {ucx_mean:.1f} ns")
+print(f"ratio ummunotify / UCX (median):                          {hit / ucx_median:6.2f}  (target <= 0.50)")
+PY
