@@ -341,6 +341,9 @@ impl Shared {
 
     /// Unwatches the destinations of moved watches that no region needs (registry lock held).
     fn clean_strays(&self, reg: &mut Registry) {
+        // A Remap dequeued before this call started may still be being applied: wait for it, so
+        // "the next call cleans up" holds for every mremap that returned before the call.
+        let _ = generation::wait_idle(self.counter());
         if !self.strays_pending.swap(false, Acquire) {
             return;
         }
