@@ -20,7 +20,7 @@
 //! * read coalesced [`Event`]s (at most one pending per region, never lost, bounded memory);
 //! * wait with `poll`/`epoll` on the notifier's fd ([`AsFd`](std::os::fd::AsFd)).
 //!
-//! ```no_run
+//! ```
 //! use ummunotify::{Cookie, Notifier};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -366,3 +366,21 @@ fn no_stale_check_across_threads_100k_rounds() {
     n.unregister(Cookie(1)).unwrap();
     unmap(p, PAGE);
 }
+
+#[test]
+fn a_second_notifier_on_the_same_pages_gets_range_busy_and_changes_nothing() {
+    let a = notifier();
+    let b = notifier();
+    let p = map(4 * PAGE);
+    let ra = a.register(p..p + 2 * PAGE, Cookie(1)).unwrap();
+    let before = b.stats();
+    let e = b.register(p + PAGE..p + 3 * PAGE, Cookie(1)).unwrap_err();
+    assert!(matches!(e, Error::RangeBusy), "{e:?}");
+    assert_eq!(b.stats(), before);
+    // Adjacent pages are fine, and both keep working.
+    let rb = b.register(p + 2 * PAGE..p + 4 * PAGE, Cookie(1)).unwrap();
+    unmap(p, 4 * PAGE);
+    assert!(!a.is_valid(ra) && !b.is_valid(rb));
+    assert_eq!(a.events().unwrap().len(), 1);
+    assert_eq!(b.events().unwrap().len(), 1);
+}
