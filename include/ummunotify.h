@@ -112,6 +112,18 @@ enum ummunotify_result
    A bug inside the library was caught at the C boundary (nothing unwound into C).
    */
   UMMUNOTIFY_ERR_PANIC = 4114,
+  /*
+   The cache's `register_fn` callback failed; `ummunotify_last_error()` has its errno.
+   */
+  UMMUNOTIFY_ERR_REGISTER = 4200,
+  /*
+   The memory kept changing while the cache was registering it.
+   */
+  UMMUNOTIFY_ERR_UNSTABLE = 4201,
+  /*
+   The cache still has handles that were not put: it was not freed.
+   */
+  UMMUNOTIFY_ERR_CACHE_BUSY = 4202,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -122,11 +134,129 @@ typedef uint32_t ummunotify_result;
 #endif // __cplusplus
 
 /*
+ A registration cache (opaque). Create with `ummunotify_cache_new()`, release with
+ `ummunotify_cache_free()`. All functions may be called from any thread concurrently.
+ */
+typedef struct ummunotify_cache ummunotify_cache;
+
+/*
+ One use of a cached registration (opaque), from `ummunotify_cache_get()`; release it with
+ `ummunotify_cache_put()`. While held, its registration stays registered.
+ */
+typedef struct ummunotify_cache_handle ummunotify_cache_handle;
+
+/*
  A notifier (opaque). Create with `ummunotify_notifier_new()`, release with
  `ummunotify_notifier_free()`. Every function taking a `const ummunotify_notifier *` may be
  called from any thread concurrently.
  */
 typedef struct ummunotify_notifier ummunotify_notifier;
+
+/*
+ Limits and policy of a cache. Start from `ummunotify_cache_config_default()`.
+ */
+typedef struct ummunotify_cache_config {
+  /*
+   Most regions kept cached (unused ones are evicted, least recently used first).
+   */
+  size_t max_regions;
+  /*
+   Most bytes kept registered by cached regions (`SIZE_MAX`: no limit).
+   */
+  size_t max_bytes;
+  /*
+   Merge a miss with adjacent cached regions, not only overlapping ones.
+   */
+  bool merge_adjacent;
+} ummunotify_cache_config;
+
+/*
+ Registers `[start, start + len)` (page-aligned, mapped) with the device and stores the
+ device's 64-bit key for it (an `ibv_mr *` cast to an integer, an lkey, a slot) in `*key_out`.
+ Returns 0, or a positive `errno` value that `ummunotify_cache_get()` reports as
+ `UMMUNOTIFY_ERR_REGISTER`. Called on the thread calling `ummunotify_cache_get()`; must not call
+ back into the same cache.
+ */
+typedef int (*ummunotify_register_fn)(void *ctx, size_t start, size_t len, uint64_t *key_out);
+
+/*
+ Releases the registration `key` of `[start, start + len)`; called exactly once per key, after
+ the last handle to it was put. The memory may already be unmapped: do not touch it. Returns 0
+ or a positive `errno` value (counted in `deregister_errors`; the key is forgotten either way).
+ */
+typedef int (*ummunotify_deregister_fn)(void *ctx, size_t start, size_t len, uint64_t key);
+
+/*
+ The device side of a cache: two callbacks and the context passed to both.
+ */
+typedef struct ummunotify_registrar {
+  /*
+   Required.
+   */
+  ummunotify_register_fn register_fn;
+  /*
+   Required.
+   */
+  ummunotify_deregister_fn deregister_fn;
+  /*
+   Passed to both callbacks unchanged; must stay valid until `ummunotify_cache_free()`.
+   */
+  void *ctx;
+  /*
+   Largest range the device accepts (the cache never merges regions beyond it); 0: no limit.
+   */
+  size_t max_len;
+  /*
+   Most registrations the device can hold at once; 0: no limit.
+   */
+  size_t max_registrations;
+} ummunotify_registrar;
+
+/*
+ Counters of a cache, filled by `ummunotify_cache_get_stats()`.
+ */
+typedef struct ummunotify_cache_stats {
+  /*
+   `get` calls served by a cached region.
+   */
+  uint64_t hits;
+  /*
+   `get` calls that registered a region.
+   */
+  uint64_t misses;
+  /*
+   Regions dropped because their memory changed.
+   */
+  uint64_t invalidations;
+  /*
+   Unused regions evicted to stay under the limits.
+   */
+  uint64_t evictions;
+  /*
+   Cached regions absorbed into a larger one by a miss.
+   */
+  uint64_t merges;
+  /*
+   Registrations released through `deregister_fn`.
+   */
+  uint64_t deregistrations;
+  /*
+   Of those, how many `deregister_fn` reported an error for.
+   */
+  uint64_t deregister_errors;
+  /*
+   Regions in the cache now.
+   */
+  uint64_t regions;
+  /*
+   Regions out of the cache but still registered (held, or awaiting a flush).
+   */
+  uint64_t retired;
+  /*
+   Bytes registered now.
+   */
+  uint64_t bytes_registered;
+} ummunotify_cache_stats;
 
 /*
  A token for one registered region: checks it in O(1) with `ummunotify_notifier_is_valid()`.
@@ -206,6 +336,126 @@ typedef struct ummunotify_notifier_stats {
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
+
+/*
+ Fills `*out` with the default limits (65536 regions, no byte limit, merge adjacent).
+
+ # Safety
+ `out` must be NULL or writable.
+ */
+void ummunotify_cache_config_default(struct ummunotify_cache_config *out);
+
+/*
+ Creates a cache (and its own notifier) over the C registrar `*registrar` (copied), with the
+ limits `*config` (NULL: defaults), and stores it in `*out`.
+
+ The callbacks may be called from any thread that calls into the cache (never from the
+ notifier's monitor thread), possibly concurrently: they and `ctx` must be thread-safe.
+
+ Errors: `UMMUNOTIFY_ERR_NULL_ARGUMENT` (NULL `registrar`, callback or `out`),
+ `UMMUNOTIFY_ERR_UNSUPPORTED` (no userfaultfd here), `UMMUNOTIFY_ERR_OS`.
+
+ # Safety
+ `registrar` and `config` must be NULL or readable; `out` NULL or writable.
+ */
+ummunotify_result ummunotify_cache_new(const struct ummunotify_registrar *registrar,
+                                       const struct ummunotify_cache_config *config,
+                                       struct ummunotify_cache **out);
+
+/*
+ Frees a cache: deregisters every registration it still holds (through `deregister_fn`) and
+ stops its notifier. NULL is a no-op. Refused with `UMMUNOTIFY_ERR_CACHE_BUSY` (nothing freed)
+ while handles from `ummunotify_cache_get()` have not been put.
+
+ # Safety
+ `c` must be NULL or a live cache, not used by other threads during or after a successful call.
+ */
+ummunotify_result ummunotify_cache_free(struct ummunotify_cache *c);
+
+/*
+ A registration covering `[addr, addr + len)`: a cached one whose memory is unchanged (a hit,
+ a few nanoseconds), or a new one made through `register_fn` (a miss). Stores a handle in
+ `*out`; read the key with `ummunotify_cache_handle_key()` and release it with
+ `ummunotify_cache_put()`.
+
+ Errors: `UMMUNOTIFY_ERR_EMPTY_RANGE`, `_WRAPPING_RANGE`, `_UNMAPPED` (bad range),
+ `UMMUNOTIFY_ERR_REGISTER` (`register_fn` failed; `ummunotify_last_error()` has its errno),
+ `UMMUNOTIFY_ERR_UNSTABLE` (the memory kept changing), `_FORKED`, `_MONITOR_DEAD`.
+
+ # Safety
+ `c` must be NULL or a live cache; `out` NULL or writable.
+ */
+ummunotify_result ummunotify_cache_get(const struct ummunotify_cache *c,
+                                       size_t addr,
+                                       size_t len,
+                                       struct ummunotify_cache_handle **out);
+
+/*
+ Releases a handle from `ummunotify_cache_get()` (any thread). NULL is a no-op. If its region
+ was invalidated or evicted meanwhile, it is deregistered in a later cache call or flush.
+
+ # Safety
+ `h` must be NULL or a live handle, not used after this call.
+ */
+void ummunotify_cache_put(struct ummunotify_cache_handle *h);
+
+/*
+ The device key `register_fn` returned for the handle's registration (0 for NULL).
+
+ # Safety
+ `h` must be NULL or a live handle.
+ */
+uint64_t ummunotify_cache_handle_key(const struct ummunotify_cache_handle *h);
+
+/*
+ The registered range (page-aligned, covering the range passed to `get`): stores its start in
+ `*start` and length in `*len` (either may be NULL). Zeros for a NULL handle.
+
+ # Safety
+ `h` must be NULL or a live handle; `start`, `len` NULL or writable.
+ */
+void ummunotify_cache_handle_range(const struct ummunotify_cache_handle *h,
+                                   size_t *start,
+                                   size_t *len);
+
+/*
+ Whether the memory behind the handle's registration is unchanged since it was registered (two
+ loads). False once a change of its pages returned to its caller, in any thread: I/O through
+ this registration would use the old pages. False for NULL.
+
+ # Safety
+ `h` must be NULL or a live handle.
+ */
+bool ummunotify_cache_handle_is_valid(const struct ummunotify_cache_handle *h);
+
+/*
+ Drops every region whose memory changed and deregisters every registration no handle holds
+ any more (invalidated, evicted). Cached valid regions stay.
+
+ # Safety
+ `c` must be NULL or a live cache.
+ */
+ummunotify_result ummunotify_cache_flush(const struct ummunotify_cache *c);
+
+/*
+ Fills `*out` with the cache's counters.
+
+ # Safety
+ `c` must be NULL or a live cache; `out` NULL or writable.
+ */
+ummunotify_result ummunotify_cache_get_stats(const struct ummunotify_cache *c,
+                                             struct ummunotify_cache_stats *out);
+
+/*
+ The cache's own notifier, borrowed (valid until the cache is freed; never pass it to
+ `ummunotify_notifier_free()`). Register your own regions on it with cookies below `1 << 63`
+ (the cache uses the upper half): a second notifier could not watch the same memory. NULL for
+ a NULL cache.
+
+ # Safety
+ `c` must be NULL or a live cache.
+ */
+const struct ummunotify_notifier *ummunotify_cache_notifier(const struct ummunotify_cache *c);
 
 /*
  A static, NUL-terminated description of `result` (any value, known or not). Never NULL; the

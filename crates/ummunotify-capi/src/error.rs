@@ -45,6 +45,12 @@ pub enum ummunotify_result {
     UMMUNOTIFY_ERR_OS = 4113,
     /// A bug inside the library was caught at the C boundary (nothing unwound into C).
     UMMUNOTIFY_ERR_PANIC = 4114,
+    /// The cache's `register_fn` callback failed; `ummunotify_last_error()` has its errno.
+    UMMUNOTIFY_ERR_REGISTER = 4200,
+    /// The memory kept changing while the cache was registering it.
+    UMMUNOTIFY_ERR_UNSTABLE = 4201,
+    /// The cache still has handles that were not put: it was not freed.
+    UMMUNOTIFY_ERR_CACHE_BUSY = 4202,
 }
 
 use ummunotify_result::*;
@@ -109,6 +115,9 @@ fn describe(code: u32) -> &'static CStr {
         4112 => c"userfaultfd is unavailable here",
         4113 => c"operating-system error",
         4114 => c"internal error (panic caught at the C boundary)",
+        4200 => c"the registrar's register callback failed",
+        4201 => c"the memory kept changing while it was being registered",
+        4202 => c"the cache still has handles that were not put",
         _ => c"unknown ummunotify_result code",
     }
 }

@@ -16,7 +16,7 @@
 //! Conventions (those of rustls-ffi and hyper's C API):
 //! * opaque handles created by `*_new` and released by `*_free` (which accept NULL);
 //! * fallible calls return `ummunotify_result()`: `UMMUNOTIFY_OK` (0) or an error code in
-//!   4100..4299, above every errno value, so the two can never be confused;
+//!   4100..4299 (4100..4199 notifier, 4200..4299 cache), above every errno value, so the two can never be confused;
 //!   `ummunotify_strerror()` names a code and `ummunotify_last_error()` gives the detailed message
 //!   of the last failed call in the calling thread;
 //! * every entry point runs behind a panic boundary: a Rust panic becomes
@@ -28,9 +28,11 @@
 #![allow(non_camel_case_types)] // C names: `ummunotify_notifier`, `ummunotify_result`, ...
 
 mod boundary;
+mod cache;
 mod error;
 mod notifier;
 
+pub use cache::*;
 pub use error::{
     ummunotify_last_error, ummunotify_result, ummunotify_strerror, ummunotify_version,
 };

@@ -169,6 +169,11 @@ fn c_fork() {
 }
 
 #[test]
+fn c_cache() {
+    check_program("cache");
+}
+
+#[test]
 fn c_threads() {
     check_program("threads");
 }

@@ -44,7 +44,7 @@ static int checks_run;
     } while (0)
 
 /* Creates a notifier or exits with SKIP_EXIT, naming why. */
-static ummunotify_notifier *new_notifier_or_skip(void) {
+static inline ummunotify_notifier *new_notifier_or_skip(void) {
     ummunotify_notifier *n = NULL;
     ummunotify_result rc = ummunotify_notifier_new(&n);
     if (rc == UMMUNOTIFY_ERR_UNSUPPORTED) {
@@ -58,7 +58,7 @@ static ummunotify_notifier *new_notifier_or_skip(void) {
     return n;
 }
 
-static void *map_pages(size_t pages) {
+static inline void *map_pages(size_t pages) {
     void *p = mmap(NULL, pages * (size_t)sysconf(_SC_PAGESIZE), PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     CHECK(p != MAP_FAILED);
@@ -66,7 +66,7 @@ static void *map_pages(size_t pages) {
     return p;
 }
 
-static void done(const char *name) {
+static inline void done(const char *name) {
     printf("%s: %d checks passed\n", name, checks_run);
 }
 

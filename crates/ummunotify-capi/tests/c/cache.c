@@ -1,0 +1,202 @@
+/* The registration cache with a C registrar: the x == y story, hits, limits, flush, stats,
+   handle lifetime, and errors. The "device" pins by copying: a registration's key names a
+   snapshot of the memory taken at registration, which is what a NIC would DMA from. */
+#include <errno.h>
+#include <pthread.h>
+
+#include "check.h"
+
+#define MAX_KEYS 256
+struct fake_device {
+    pthread_mutex_t lock;
+    int fail_next; /* errno to return from the next register */
+    uint64_t next_key;
+    struct {
+        uintptr_t start;
+        size_t len;
+        unsigned char first_byte; /* the "pinned pages" content */
+        int live;
+        int deregistered;
+    } reg[MAX_KEYS];
+    int registers, deregisters;
+};
+
+static int dev_register(void *ctx, uintptr_t start, size_t len, uint64_t *key_out) {
+    struct fake_device *d = ctx;
+    pthread_mutex_lock(&d->lock);
+    if (d->fail_next) {
+        int e = d->fail_next;
+        d->fail_next = 0;
+        pthread_mutex_unlock(&d->lock);
+        return e;
+    }
+    uint64_t k = ++d->next_key;
+    if (k >= MAX_KEYS) abort();
+    d->reg[k].start = start;
+    d->reg[k].len = len;
+    d->reg[k].first_byte = *(unsigned char *)start;
+    d->reg[k].live = 1;
+    d->registers++;
+    *key_out = k;
+    pthread_mutex_unlock(&d->lock);
+    return 0;
+}
+
+static int dev_deregister(void *ctx, uintptr_t start, size_t len, uint64_t key) {
+    struct fake_device *d = ctx;
+    pthread_mutex_lock(&d->lock);
+    if (key == 0 || key >= MAX_KEYS || !d->reg[key].live || d->reg[key].start != start ||
+        d->reg[key].len != len) {
+        fprintf(stderr, "bad deregister of key %llu\n", (unsigned long long)key);
+        abort();
+    }
+    d->reg[key].live = 0;
+    d->reg[key].deregistered++;
+    d->deregisters++;
+    pthread_mutex_unlock(&d->lock);
+    return 0;
+}
+
+/* "send from addr": what the device would transmit for this handle. */
+static unsigned char device_reads(struct fake_device *d, ummunotify_cache_handle *h) {
+    return d->reg[ummunotify_cache_handle_key(h)].first_byte;
+}
+
+static struct fake_device dev = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static ummunotify_cache *new_cache_or_skip(const ummunotify_cache_config *cfg) {
+    ummunotify_registrar r = {
+        .register_fn = dev_register, .deregister_fn = dev_deregister, .ctx = &dev};
+    ummunotify_cache *c = NULL;
+    ummunotify_result rc = ummunotify_cache_new(&r, cfg, &c);
+    if (rc == UMMUNOTIFY_ERR_UNSUPPORTED) {
+        char why[1024];
+        ummunotify_last_error(why, sizeof why);
+        printf("SKIP: %s\n", why);
+        exit(SKIP_EXIT);
+    }
+    CHECK_RC(rc, UMMUNOTIFY_OK);
+    return c;
+}
+
+int main(void) {
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+
+    /* Errors first: NULLs, a registrar without callbacks. */
+    ummunotify_cache *c = NULL;
+    ummunotify_registrar bad = {0};
+    CHECK_RC(ummunotify_cache_new(NULL, NULL, &c), UMMUNOTIFY_ERR_NULL_ARGUMENT);
+    CHECK_RC(ummunotify_cache_new(&bad, NULL, &c), UMMUNOTIFY_ERR_NULL_ARGUMENT);
+    CHECK_RC(ummunotify_cache_free(NULL), UMMUNOTIFY_OK);
+    ummunotify_cache_put(NULL);
+    CHECK(ummunotify_cache_handle_key(NULL) == 0);
+    CHECK(!ummunotify_cache_handle_is_valid(NULL));
+    CHECK_RC(ummunotify_cache_get(NULL, 0, 1, NULL), UMMUNOTIFY_ERR_NULL_ARGUMENT);
+    CHECK_RC(ummunotify_cache_flush(NULL), UMMUNOTIFY_ERR_NULL_ARGUMENT);
+    CHECK(ummunotify_cache_notifier(NULL) == NULL);
+    ummunotify_cache_config cfg;
+    ummunotify_cache_config_default(&cfg);
+    CHECK(cfg.max_regions > 0 && cfg.max_bytes == SIZE_MAX && cfg.merge_adjacent);
+    cfg.max_regions = 0;
+    ummunotify_registrar good = {
+        .register_fn = dev_register, .deregister_fn = dev_deregister, .ctx = &dev};
+    CHECK_RC(ummunotify_cache_new(&good, &cfg, &c), UMMUNOTIFY_ERR_INVALID_ARGUMENT);
+
+    c = new_cache_or_skip(NULL);
+    ummunotify_cache_handle *h, *h2;
+    CHECK_RC(ummunotify_cache_get(c, 0, 0, &h), UMMUNOTIFY_ERR_EMPTY_RANGE);
+    CHECK_RC(ummunotify_cache_get(c, page, page, &h), UMMUNOTIFY_ERR_UNMAPPED);
+    CHECK_RC(ummunotify_cache_get(c, 0, 1, NULL), UMMUNOTIFY_ERR_NULL_ARGUMENT);
+
+    /* x == y. */
+    char *x = map_pages(4);
+    memset(x, 'x', 4 * page);
+    CHECK_RC(ummunotify_cache_get(c, (uintptr_t)x, 4 * page, &h), UMMUNOTIFY_OK); /* miss */
+    CHECK(ummunotify_cache_handle_is_valid(h));
+    CHECK(device_reads(&dev, h) == 'x');
+    uint64_t key_x = ummunotify_cache_handle_key(h);
+    ummunotify_cache_put(h);
+    CHECK_RC(ummunotify_cache_get(c, (uintptr_t)x + 100, 1000, &h), UMMUNOTIFY_OK); /* hit */
+    CHECK(ummunotify_cache_handle_key(h) == key_x);
+    uintptr_t rs;
+    size_t rl;
+    ummunotify_cache_handle_range(h, &rs, &rl);
+    CHECK(rs == (uintptr_t)x && rl == 4 * page);
+    ummunotify_cache_put(h);
+    CHECK(dev.registers == 1);
+
+    CHECK(munmap(x, 4 * page) == 0);
+    char *y = mmap(x, 4 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED,
+                   -1, 0);
+    CHECK(y == x); /* y == x, by force */
+    memset(y, 'y', 4 * page);
+    CHECK_RC(ummunotify_cache_get(c, (uintptr_t)y, 4 * page, &h), UMMUNOTIFY_OK);
+    CHECK(ummunotify_cache_handle_key(h) != key_x); /* never the stale registration */
+    CHECK(device_reads(&dev, h) == 'y');
+    CHECK(dev.registers == 2);
+
+    /* A handle held across an invalidation: stays registered, reads invalid, deregistered
+       after the put. */
+    CHECK(madvise(y, page, MADV_DONTNEED) == 0);
+    CHECK(!ummunotify_cache_handle_is_valid(h));
+    uint64_t key_y = ummunotify_cache_handle_key(h);
+    CHECK(dev.reg[key_y].live);
+    CHECK_RC(ummunotify_cache_free(c), UMMUNOTIFY_ERR_CACHE_BUSY); /* a handle is out */
+    ummunotify_cache_put(h);
+    CHECK_RC(ummunotify_cache_flush(c), UMMUNOTIFY_OK);
+    CHECK(!dev.reg[key_x].live && dev.reg[key_x].deregistered == 1);
+    CHECK(!dev.reg[key_y].live && dev.reg[key_y].deregistered == 1);
+
+    ummunotify_cache_stats st;
+    CHECK_RC(ummunotify_cache_get_stats(c, &st), UMMUNOTIFY_OK);
+    CHECK(st.hits == 1 && st.misses == 2 && st.invalidations == 2);
+    CHECK(st.deregistrations == 2 && st.regions == 0 && st.retired == 0);
+
+    /* Registrar failure is reported with its errno. */
+    dev.fail_next = EPERM;
+    CHECK_RC(ummunotify_cache_get(c, (uintptr_t)y, page, &h), UMMUNOTIFY_ERR_REGISTER);
+    char msg[256];
+    ummunotify_last_error(msg, sizeof msg);
+    CHECK(strstr(msg, "register") != NULL);
+
+    /* The borrowed notifier works for the program's own regions (cookies below 1 << 63). */
+    const ummunotify_notifier *n = ummunotify_cache_notifier(c);
+    char *own = map_pages(1);
+    ummunotify_region r;
+    CHECK_RC(ummunotify_notifier_register(n, (uintptr_t)own, (uintptr_t)own + page, 5, &r),
+             UMMUNOTIFY_OK);
+    CHECK(ummunotify_notifier_is_valid(n, r));
+    munmap(own, page);
+    CHECK(!ummunotify_notifier_is_valid(n, r));
+    CHECK_RC(ummunotify_notifier_unregister(n, 5), UMMUNOTIFY_OK);
+
+    CHECK_RC(ummunotify_cache_free(c), UMMUNOTIFY_OK);
+    munmap(y, 4 * page);
+
+    /* Limits: at most 2 regions; the least recently used unused one is evicted. */
+    ummunotify_cache_config_default(&cfg);
+    cfg.max_regions = 2;
+    cfg.merge_adjacent = false;
+    c = new_cache_or_skip(&cfg);
+    int before = dev.registers;
+    char *a = map_pages(1), *b = map_pages(1), *d = map_pages(1);
+    CHECK_RC(ummunotify_cache_get(c, (uintptr_t)a, page, &h), UMMUNOTIFY_OK);
+    ummunotify_cache_put(h);
+    CHECK_RC(ummunotify_cache_get(c, (uintptr_t)b, page, &h), UMMUNOTIFY_OK);
+    CHECK_RC(ummunotify_cache_get(c, (uintptr_t)d, page, &h2), UMMUNOTIFY_OK);
+    CHECK_RC(ummunotify_cache_get_stats(c, &st), UMMUNOTIFY_OK);
+    CHECK(st.regions <= 2 && st.evictions >= 1);
+    CHECK(dev.registers == before + 3);
+    ummunotify_cache_put(h);
+    ummunotify_cache_put(h2);
+    CHECK_RC(ummunotify_cache_free(c), UMMUNOTIFY_OK);
+    /* Every key ever registered was deregistered exactly once. */
+    for (uint64_t k = 1; k <= dev.next_key; k++)
+        CHECK(!dev.reg[k].live && dev.reg[k].deregistered == 1);
+    CHECK(dev.registers == dev.deregisters);
+    munmap(a, page);
+    munmap(b, page);
+    munmap(d, page);
+    done("cache");
+    return 0;
+}
