@@ -239,3 +239,5 @@ pub fn run_child(test: &str, role: &str, limit: Duration) -> ChildOutput {
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
     }
 }
+
+pub mod engine;

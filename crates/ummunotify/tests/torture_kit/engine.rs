@@ -1,0 +1,1027 @@
+//! The torture engine: worker threads doing a seeded random mix of cache I/O through io_uring
+//! fixed buffers, notifier register/unregister, every kind of mapping change, heap traffic,
+//! thread creation and exit, and fork with a child that uses the library (and `brk`), judged by
+//! three oracles:
+//!
+//! * **PFN**: the registrar records, from `/proc/self/pagemap`, the page frames it pinned; every
+//!   handle the cache returns must name exactly the frames mapped at the requested pages now.
+//! * **Device bytes**: `WRITE_FIXED` through the handle to a file, read back, compared with what
+//!   memory holds now (a stale registration writes the old pages' bytes).
+//! * **Notifier**: a region valid before a change that overlaps it is invalid once the change
+//!   returned; every region a change hit gets at least one event, and never more events than hits.
+//!
+//! Any failure panics with the seed. Each worker owns its buffers (at fixed low addresses in its
+//! own area), so only it changes them; the heap is shared by everyone.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io;
+use std::ops::Range;
+use std::os::fd::{AsFd, FromRawFd};
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use super::*;
+use ummunotify::cache::{Cache, Config};
+use ummunotify::registrar::{FixedBuf, IoUringRegistrar, Registrar};
+use ummunotify::{Cookie, Notifier, Region};
+use ummunotify_testkit::pagemap;
+use ummunotify_testkit::uring::UringMadvise;
+
+/// How a run is set up.
+#[derive(Clone, Debug)]
+pub struct Params {
+    pub seed: u64,
+    pub threads: usize,
+    pub duration: Duration,
+    /// Forks at most this often (each fork costs milliseconds).
+    pub fork_every: Duration,
+}
+
+/// What a run did.
+#[derive(Debug, Default)]
+pub struct Totals {
+    pub ops: u64,
+    pub io: u64,
+    pub changes: u64,
+    pub registers: u64,
+    pub unregisters: u64,
+    pub heap_ops: u64,
+    pub threads_spawned: u64,
+    pub forks: u64,
+    pub pfn_checks: u64,
+    pub byte_checks: u64,
+    pub token_checks: u64,
+    pub event_checks: u64,
+    pub events: u64,
+    pub elapsed: Duration,
+}
+
+impl Totals {
+    pub fn checks(&self) -> u64 {
+        self.pfn_checks + self.byte_checks + self.token_checks + self.event_checks
+    }
+}
+
+#[derive(Default)]
+struct Counters {
+    ops: AtomicU64,
+    io: AtomicU64,
+    changes: AtomicU64,
+    registers: AtomicU64,
+    unregisters: AtomicU64,
+    heap_ops: AtomicU64,
+    threads_spawned: AtomicU64,
+    forks: AtomicU64,
+    pfn_checks: AtomicU64,
+    byte_checks: AtomicU64,
+    token_checks: AtomicU64,
+    event_checks: AtomicU64,
+    events: AtomicU64,
+}
+
+/// The io_uring registrar, recording the frames it pinned (the PFN oracle's reference).
+pub struct Recording {
+    uring: IoUringRegistrar,
+    pfns: bool,
+}
+
+pub struct Key {
+    buf: FixedBuf,
+    range: Range<usize>,
+    pfns: Vec<Option<u64>>,
+}
+
+impl Registrar for Recording {
+    type Key = Key;
+    fn register(&self, range: Range<usize>) -> io::Result<Key> {
+        let buf = self.uring.register(range.clone())?;
+        // Allocates and reads a file inside the cache's miss: registrar callbacks may do both.
+        let pfns = if self.pfns {
+            pagemap::pfns(range.clone()).unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        Ok(Key { buf, range, pfns })
+    }
+    fn deregister(&self, key: &Key, range: Range<usize>) -> io::Result<()> {
+        self.uring.deregister(&key.buf, range)
+    }
+    fn max_len(&self) -> usize {
+        self.uring.max_len()
+    }
+    fn max_registrations(&self) -> Option<usize> {
+        self.uring.max_registrations()
+    }
+}
+
+struct World {
+    p: Params,
+    cache: Cache<Recording>,
+    pfns: bool,
+    stop: AtomicBool,
+    c: Counters,
+    /// Events of user regions, per cookie. Every reader of events holds this lock while reading
+    /// and recording, so an owner that drains under it sees all events of its regions.
+    ledger: Mutex<HashMap<u64, u32>>,
+    last_fork: Mutex<Instant>,
+}
+
+/// Panics with the seed and where.
+macro_rules! fail {
+    ($w:expr, $t:expr, $($arg:tt)*) => {
+        panic!(
+            "TORTURE FAILURE (reproduce with UMN_TORTURE_SEED={:#x}, thread {}): {}",
+            $w.p.seed, $t, format!($($arg)*)
+        )
+    };
+}
+
+impl World {
+    /// Reads pending user events into the ledger (under its lock).
+    fn collect(&self) -> std::sync::MutexGuard<'_, HashMap<u64, u32>> {
+        let mut l = self.ledger.lock().unwrap_or_else(|p| p.into_inner());
+        for e in self.cache.take_events().expect("take_events") {
+            *l.entry(e.cookie.0).or_default() += 1;
+            self.c.events.fetch_add(1, Relaxed);
+        }
+        l
+    }
+
+    /// The PFN and device-bytes oracles for `[addr, addr + len)`, which the caller owns and has
+    /// just filled.
+    fn io_check(&self, t: usize, file: &File, addr: usize, len: usize) {
+        let h = match self.cache.get(addr, len) {
+            Ok(h) => h,
+            Err(e) => fail!(self, t, "cache.get({addr:#x}, {len}): {e}"),
+        };
+        let key = h.key();
+        if !(key.range.start <= addr && addr + len <= key.range.end) {
+            fail!(
+                self,
+                t,
+                "handle {:#x?} does not cover {addr:#x}+{len}",
+                key.range
+            );
+        }
+        if self.pfns {
+            let pg = page();
+            let first = (addr - key.range.start) / pg;
+            let now = pagemap::pfns(addr..addr + len).expect("pagemap");
+            for (i, pfn) in now.iter().enumerate() {
+                let pinned = key.pfns.get(first + i).copied().flatten();
+                if pfn.is_none() || *pfn != pinned {
+                    fail!(
+                        self,
+                        t,
+                        "stale registration: page {:#x} is frame {pfn:?}, the registration pinned {pinned:?}",
+                        (addr & !(pg - 1)) + i * pg
+                    );
+                }
+            }
+            self.c.pfn_checks.fetch_add(now.len() as u64, Relaxed);
+        }
+        let n = match self
+            .cache
+            .registrar()
+            .uring
+            .write_fixed(&key.buf, addr, len, file.as_fd(), 0)
+        {
+            Ok(n) => n,
+            Err(e) => fail!(self, t, "write_fixed: {e}"),
+        };
+        drop(h);
+        if n != len {
+            fail!(self, t, "short write {n} of {len}");
+        }
+        let mut back = vec![0u8; len];
+        file.read_exact_at(&mut back, 0).unwrap();
+        // SAFETY: the caller owns `[addr, addr + len)`, mapped and filled.
+        let mem = unsafe { std::slice::from_raw_parts(addr as *const u8, len) };
+        if back != mem {
+            let at = back.iter().zip(mem).position(|(a, b)| a != b).unwrap();
+            fail!(
+                self,
+                t,
+                "device wrote stale bytes at {:#x}: {:#x} instead of {:#x}",
+                addr + at,
+                back[at],
+                mem[at]
+            );
+        }
+        self.c.byte_checks.fetch_add(1, Relaxed);
+        self.c.io.fetch_add(1, Relaxed);
+    }
+}
+
+/// Whether `events` read for a region fit the `hits` (changes that overlapped it) it had: none
+/// without a hit, at least one with. One change can send one kernel message per VMA it spans
+/// (a watched buffer has at most `2 * MAX_PAGES + 1`), and a reader may re-arm the region between
+/// two of them, so a change can yield that many events.
+fn events_match(hits: u32, events: u32) -> bool {
+    if hits == 0 {
+        events == 0
+    } else {
+        events >= 1 && events <= hits * (2 * MAX_PAGES as u32 + 1)
+    }
+}
+
+/// Fills a range with a stamp: a counter at the start of each page, the low byte elsewhere.
+fn stamp(addr: usize, len: usize, stamp: u64) {
+    fill(addr, len, stamp as u8);
+    let pg = page();
+    let mut p = (addr + pg - 1) & !(pg - 1);
+    while p + 8 <= addr + len {
+        // SAFETY: inside the caller's mapped, writable range.
+        unsafe { (p as *mut u64).write_unaligned(stamp) };
+        p += pg;
+    }
+}
+
+fn map_noreplace(addr: usize, len: usize, shared: Option<&File>) -> bool {
+    let (flags, fd) = match shared {
+        Some(f) => (libc::MAP_SHARED, std::os::fd::AsRawFd::as_raw_fd(f)),
+        None => (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1),
+    };
+    // SAFETY: NOREPLACE never clobbers an existing mapping.
+    let p = unsafe {
+        libc::mmap(
+            addr as *mut libc::c_void,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            flags | libc::MAP_FIXED_NOREPLACE,
+            fd,
+            0,
+        )
+    };
+    p as usize == addr
+}
+
+/// The mapping (VMA) containing `addr`, from `/proc/self/maps`.
+fn vma_containing(addr: usize) -> Option<Range<usize>> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    maps.lines().find_map(|l| {
+        let (r, _) = l.split_once(' ')?;
+        let (s, e) = r.split_once('-')?;
+        let (s, e) = (
+            usize::from_str_radix(s, 16).ok()?,
+            usize::from_str_radix(e, 16).ok()?,
+        );
+        (s <= addr && addr < e).then_some(s..e)
+    })
+}
+
+fn memfd(len: usize) -> File {
+    // SAFETY: a NUL-terminated name; the fd is owned by the File at once.
+    let fd = unsafe { libc::memfd_create(c"torture".as_ptr(), libc::MFD_CLOEXEC) };
+    assert!(fd >= 0);
+    // SAFETY: a fresh fd nobody else owns.
+    let f = unsafe { File::from_raw_fd(fd) };
+    f.set_len(len as u64).unwrap();
+    f
+}
+
+fn madv(addr: usize, len: usize, advice: i32) {
+    // SAFETY: advice on the worker's own buffer.
+    let r = unsafe { libc::madvise(addr as *mut libc::c_void, len, advice) };
+    assert_eq!(r, 0, "madvise({advice}): {}", io::Error::last_os_error());
+}
+
+const BUFS: usize = 12;
+const SHMEM_BUFS: usize = 2;
+const MAX_PAGES: usize = 16;
+const SPACING: usize = 1 << 20;
+
+/// One of a worker's buffers at a fixed address in its area.
+struct Buf {
+    addr: usize,
+    pages: usize,
+    /// Backing file for shared-memory buffers.
+    shmem: Option<File>,
+    user: Option<User>,
+}
+
+/// A user region on the notifier over a whole buffer.
+struct User {
+    cookie: u64,
+    hits: u32,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Change {
+    LibcMunmap,
+    SyscallMunmap,
+    MapFixedOver,
+    PartialMunmap,
+    MremapMove,
+    MremapShrink,
+    MremapDontunmap,
+    MadvDontneed,
+    MadvFree,
+    MadvRemove,
+    ProcessMadvise,
+    UringMadvise,
+    Mprotect,
+}
+
+const ANON_CHANGES: &[Change] = &[
+    Change::LibcMunmap,
+    Change::SyscallMunmap,
+    Change::MapFixedOver,
+    Change::PartialMunmap,
+    Change::MremapMove,
+    Change::MremapShrink,
+    Change::MremapDontunmap,
+    Change::MadvDontneed,
+    Change::MadvFree,
+    Change::ProcessMadvise,
+    Change::UringMadvise,
+    Change::Mprotect,
+];
+
+const SHMEM_CHANGES: &[Change] = &[
+    Change::LibcMunmap,
+    Change::MadvRemove,
+    Change::MadvDontneed,
+    Change::Mprotect,
+];
+
+struct Worker<'w> {
+    w: &'w World,
+    t: usize,
+    rng: Rng,
+    file: File,
+    bufs: Vec<Buf>,
+    area: usize,
+    heap: Vec<(*mut u8, usize)>,
+    next_cookie: u64,
+    stamp: u64,
+    pidfd: i32,
+    uring_madvise: Option<UringMadvise>,
+}
+
+impl Worker<'_> {
+    fn buf_range(&self, i: usize) -> Range<usize> {
+        let b = &self.bufs[i];
+        b.addr..b.addr + b.pages * page()
+    }
+
+    fn next_stamp(&mut self) -> u64 {
+        self.stamp += 1;
+        ((self.t as u64) << 56) | self.stamp
+    }
+
+    /// A random sub-range (bytes, not page-aligned) of buffer `i`.
+    fn sub_range(&mut self, i: usize) -> (usize, usize) {
+        let r = self.buf_range(i);
+        let len = r.len();
+        let start = self.rng.below(len as u64 - 1) as usize;
+        let max = (len - start).min(6 * page());
+        let l = 1 + self.rng.below(max as u64) as usize;
+        (r.start + start, l)
+    }
+
+    fn op_io(&mut self) {
+        let i = self.rng.below(BUFS as u64) as usize;
+        let (a, l) = self.sub_range(i);
+        let s = self.next_stamp();
+        stamp(a, l, s);
+        self.w.io_check(self.t, &self.file, a, l);
+    }
+
+    fn op_register(&mut self) {
+        let i = self.rng.below(BUFS as u64) as usize;
+        let r = self.buf_range(i);
+        let n = self.w.cache.notifier();
+        if let Some(u) = self.bufs[i].user.take() {
+            // Lost-event check: every hit shows up as at least one event, never more than hits.
+            let l = self.w.collect();
+            let got = l.get(&u.cookie).copied().unwrap_or(0);
+            if !events_match(u.hits, got) {
+                fail!(
+                    self.w,
+                    self.t,
+                    "region {:#x}: {} hits but {got} events",
+                    u.cookie,
+                    u.hits
+                );
+            }
+            self.w.c.event_checks.fetch_add(1, Relaxed);
+            if let Err(e) = n.unregister(Cookie(u.cookie)) {
+                fail!(self.w, self.t, "unregister: {e}");
+            }
+            drop(l);
+            self.w.c.unregisters.fetch_add(1, Relaxed);
+        } else {
+            self.next_cookie += 1;
+            let cookie = ((self.t as u64 + 1) << 40) | self.next_cookie;
+            match n.register(r, Cookie(cookie)) {
+                Ok(_) => {
+                    self.bufs[i].user = Some(User { cookie, hits: 0 });
+                    self.w.c.registers.fetch_add(1, Relaxed);
+                }
+                Err(e) => fail!(self.w, self.t, "register: {e}"),
+            }
+        }
+    }
+
+    /// Applies a random change to buffer `i`, leaving it mapped (new memory where it changed).
+    /// Returns the range whose mapping changed (empty: none).
+    fn apply(&mut self, i: usize, ch: Change) -> Range<usize> {
+        let pg = page();
+        let r = self.buf_range(i);
+        let (a, len) = (r.start, r.len());
+        let dest = a + SPACING / 2;
+        let shmem = self.bufs[i].shmem.as_ref();
+        match ch {
+            Change::LibcMunmap => {
+                unmap(a, len);
+                assert!(map_noreplace(a, len, shmem));
+                r
+            }
+            Change::SyscallMunmap => {
+                // SAFETY: the worker's own buffer.
+                assert_eq!(unsafe { libc::syscall(libc::SYS_munmap, a, len) }, 0);
+                assert!(map_noreplace(a, len, None));
+                r
+            }
+            Change::MapFixedOver => {
+                map_fixed(a, len);
+                r
+            }
+            Change::PartialMunmap => {
+                let p = a + self.rng.below(self.bufs[i].pages as u64) as usize * pg;
+                unmap(p, pg);
+                assert!(map_noreplace(p, pg, None));
+                p..p + pg
+            }
+            Change::MremapMove | Change::MremapShrink | Change::MremapDontunmap => {
+                // mremap works on one VMA: take the one holding a random page of the buffer
+                // (watches split buffers into several), clipped to the buffer.
+                let p = a + self.rng.below(self.bufs[i].pages as u64) as usize * pg;
+                let Some(v) = vma_containing(p) else {
+                    return a..a;
+                };
+                let (vs, ve) = (v.start.max(a), v.end.min(a + len));
+                let vlen = ve - vs;
+                let to = dest + (vs - a);
+                if let Change::MremapShrink = ch {
+                    if vlen <= pg {
+                        return a..a;
+                    }
+                    // SAFETY: shrinks part of the worker's own buffer in place.
+                    let m = unsafe { libc::mremap(vs as *mut libc::c_void, vlen, pg, 0) };
+                    if m as usize != vs {
+                        return a..a; // raced with a watch splitting the VMA: nothing changed
+                    }
+                    assert!(map_noreplace(vs + pg, vlen - pg, None));
+                    return vs + pg..ve;
+                }
+                let mut flags = libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED;
+                if let Change::MremapDontunmap = ch {
+                    flags |= libc::MREMAP_DONTUNMAP;
+                }
+                // SAFETY: moves part of the worker's own buffer to its own free destination.
+                let m = unsafe {
+                    libc::mremap(
+                        vs as *mut libc::c_void,
+                        vlen,
+                        vlen,
+                        flags,
+                        to as *mut libc::c_void,
+                    )
+                };
+                if m as usize != to {
+                    return a..a; // raced with a watch splitting the VMA: nothing changed
+                }
+                if let Change::MremapMove = ch {
+                    assert!(map_noreplace(vs, vlen, None));
+                }
+                unmap(to, vlen);
+                vs..ve
+            }
+            Change::MadvDontneed => {
+                madv(a, len, libc::MADV_DONTNEED);
+                r
+            }
+            Change::MadvFree => {
+                madv(a, len, libc::MADV_FREE);
+                r
+            }
+            Change::MadvRemove => {
+                madv(a, len, libc::MADV_REMOVE);
+                r
+            }
+            Change::ProcessMadvise => {
+                let iov = libc::iovec {
+                    iov_base: a as *mut libc::c_void,
+                    iov_len: len,
+                };
+                // SAFETY: one iovec over the worker's own buffer; advice only.
+                let n = unsafe {
+                    libc::syscall(
+                        libc::SYS_process_madvise,
+                        self.pidfd,
+                        &iov as *const libc::iovec,
+                        1,
+                        libc::MADV_DONTNEED,
+                        0,
+                    )
+                };
+                if n < 0 {
+                    madv(a, len, libc::MADV_DONTNEED);
+                }
+                r
+            }
+            Change::UringMadvise => {
+                match self
+                    .uring_madvise
+                    .as_mut()
+                    .map(|u| u.madvise(a, len, libc::MADV_DONTNEED))
+                {
+                    Some(Ok(())) => {}
+                    _ => madv(a, len, libc::MADV_DONTNEED),
+                }
+                r
+            }
+            Change::Mprotect => {
+                // SAFETY: protection changes on the worker's own buffer, restored at once.
+                unsafe {
+                    libc::mprotect(a as *mut libc::c_void, len, libc::PROT_READ);
+                    libc::mprotect(
+                        a as *mut libc::c_void,
+                        len,
+                        libc::PROT_READ | libc::PROT_WRITE,
+                    );
+                }
+                a..a
+            }
+        }
+    }
+
+    fn op_change(&mut self) {
+        let i = self.rng.below(BUFS as u64) as usize;
+        let kinds = if self.bufs[i].shmem.is_some() {
+            SHMEM_CHANGES
+        } else {
+            ANON_CHANGES
+        };
+        let ch = kinds[self.rng.below(kinds.len() as u64) as usize];
+        let n = self.w.cache.notifier();
+        let before: Option<Region> = self.bufs[i]
+            .user
+            .as_ref()
+            .map(|u| n.region(Cookie(u.cookie)).expect("region"));
+        let was_valid = before.is_some_and(|r| n.is_valid(r));
+        // Sometimes hold a cache handle across the change: it must read invalid afterwards.
+        let held = if self.rng.chance(20) {
+            let (a, l) = self.sub_range(i);
+            stamp(a, l, self.next_stamp());
+            Some(self.w.cache.get(a, l).expect("get before change"))
+        } else {
+            None
+        };
+        let changed = self.apply(i, ch);
+        let hit = !changed.is_empty();
+        if let (Some(r), true) = (before, hit) {
+            if was_valid && n.is_valid(r) {
+                fail!(
+                    self.w,
+                    self.t,
+                    "{ch:?}: region still valid after the call returned"
+                );
+            }
+            self.w.c.token_checks.fetch_add(1, Relaxed);
+        }
+        if hit {
+            if let Some(u) = self.bufs[i].user.as_mut() {
+                u.hits += 1;
+            }
+        }
+        if let Some(h) = held {
+            let hr = h.range();
+            if changed.start < hr.end && hr.start < changed.end && h.is_valid() {
+                fail!(
+                    self.w,
+                    self.t,
+                    "{ch:?}: held handle still valid after the call returned"
+                );
+            }
+            self.w.c.token_checks.fetch_add(1, Relaxed);
+        }
+        self.w.c.changes.fetch_add(1, Relaxed);
+        // The x == y step: new bytes at the same addresses, through the device.
+        if self.rng.chance(70) {
+            let r = self.buf_range(i);
+            let s = self.next_stamp();
+            stamp(r.start, r.len(), s);
+            self.w.io_check(self.t, &self.file, r.start, r.len());
+        }
+    }
+
+    fn op_heap(&mut self) {
+        let pg = page();
+        let c = self.rng.below(10);
+        if c < 5 || self.heap.is_empty() {
+            let size = pg + self.rng.below(300 * 1024) as usize;
+            // SAFETY: plain malloc; freed exactly once below or at the end.
+            let p = unsafe { libc::malloc(size) }.cast::<u8>();
+            assert!(!p.is_null());
+            self.heap_io(p, size);
+            self.heap.push((p, size));
+        } else if c < 7 {
+            let k = self.rng.below(self.heap.len() as u64) as usize;
+            let (p, size) = self.heap[k];
+            let new = pg + self.rng.below(400 * 1024) as usize;
+            // SAFETY: `p` came from malloc/realloc and is live.
+            let q = unsafe { libc::realloc(p.cast(), new) }.cast::<u8>();
+            assert!(!q.is_null());
+            let _ = size;
+            self.heap[k] = (q, new);
+            self.heap_io(q, new);
+        } else {
+            let k = self.rng.below(self.heap.len() as u64) as usize;
+            let (p, _) = self.heap.swap_remove(k);
+            // SAFETY: live block from malloc/realloc, freed once.
+            unsafe { libc::free(p.cast()) };
+            if self.rng.chance(30) {
+                // SAFETY: no preconditions.
+                unsafe { libc::malloc_trim(0) };
+            }
+        }
+        self.w.c.heap_ops.fetch_add(1, Relaxed);
+    }
+
+    /// I/O through the cache on the page-aligned interior of a heap block.
+    fn heap_io(&mut self, p: *mut u8, size: usize) {
+        let pg = page();
+        let a = (p as usize + pg - 1) & !(pg - 1);
+        let end = (p as usize + size) & !(pg - 1);
+        if end > a {
+            let len = (end - a).min(8 * pg);
+            let s = self.next_stamp();
+            stamp(a, len, s);
+            self.w.io_check(self.t, &self.file, a, len);
+        }
+    }
+
+    fn op_thread(&mut self) {
+        let w = self.w;
+        let t = self.t;
+        let seed = self.rng.next_u64();
+        std::thread::scope(|s| {
+            s.spawn(move || {
+                let mut rng = Rng::new(seed);
+                let pg = page();
+                let file = memfd(0);
+                // Heap and stack I/O from a short-lived thread, then a region it unmaps.
+                let v = vec![rng.next_u64() as u8; 4 * pg];
+                let a = (v.as_ptr() as usize + pg - 1) & !(pg - 1);
+                w.io_check(t, &file, a, 2 * pg);
+                // And on its stack, which glibc releases (madvise) or caches when it exits.
+                let mut stack = [0u8; 3 * 4096];
+                std::hint::black_box(&mut stack);
+                let sa = (stack.as_ptr() as usize + pg - 1) & !(pg - 1);
+                if sa + pg <= stack.as_ptr() as usize + stack.len() {
+                    stamp(sa, pg, seed);
+                    w.io_check(t, &file, sa, pg);
+                }
+                let m = map(2 * pg);
+                fill(m, 2 * pg, 1);
+                let n = w.cache.notifier();
+                let cookie = (0xFF << 40) | (seed & 0xFF_FFFF_FFFF);
+                let r = n.register(m..m + 2 * pg, Cookie(cookie)).expect("register");
+                unmap(m, 2 * pg);
+                if n.is_valid(r) {
+                    fail!(w, t, "spawned thread: region valid after munmap returned");
+                }
+                let l = w.collect();
+                let got = l.get(&cookie).copied().unwrap_or(0);
+                // At least one: once its event is read the region re-arms over whatever another
+                // thread mapped at that address since, and that memory may change again.
+                if got == 0 {
+                    fail!(w, t, "spawned thread: lost event for its munmap");
+                }
+                n.unregister(Cookie(cookie)).expect("unregister");
+                drop(l);
+                w.c.token_checks.fetch_add(1, Relaxed);
+                w.c.event_checks.fetch_add(1, Relaxed);
+            });
+        });
+        self.w.c.threads_spawned.fetch_add(1, Relaxed);
+    }
+
+    fn op_fork(&mut self) {
+        {
+            let mut last = self.w.last_fork.lock().unwrap();
+            if last.elapsed() < self.w.p.fork_every {
+                return;
+            }
+            *last = Instant::now();
+        }
+        let n = self.w.cache.notifier();
+        let parent_region = self
+            .bufs
+            .iter()
+            .find_map(|b| b.user.as_ref())
+            .and_then(|u| n.region(Cookie(u.cookie)).ok());
+        // SAFETY: the child only uses the library (which supports a child of a multi-threaded
+        // parent: glibc resets its allocator locks at fork) and leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork: {}", io::Error::last_os_error());
+        if pid == 0 {
+            let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                fork_child(&self.w.cache, parent_region)
+            }))
+            .unwrap_or(99);
+            // SAFETY: leaves the child without running the parent's atexit handlers.
+            unsafe { libc::_exit(code) };
+        }
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut status = 0;
+        loop {
+            // SAFETY: waits for our own child.
+            let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+            if r == pid {
+                break;
+            }
+            if Instant::now() > deadline {
+                // SAFETY: our own child.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                fail!(self.w, self.t, "fork child hung");
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        if !(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0) {
+            fail!(self.w, self.t, "fork child failed, status {status:#x}");
+        }
+        self.w.c.forks.fetch_add(1, Relaxed);
+    }
+
+    fn run(&mut self) {
+        let mut since_collect = 0;
+        while !self.w.stop.load(Relaxed) {
+            let c = self.rng.below(1000);
+            match c {
+                0..=399 => self.op_io(),
+                400..=699 => self.op_change(),
+                700..=799 => self.op_register(),
+                800..=919 => self.op_heap(),
+                920..=939 => {
+                    drop(self.w.collect());
+                }
+                940..=969 => self.w.cache.flush(),
+                970..=989 => self.op_thread(),
+                _ => self.op_fork(),
+            }
+            since_collect += 1;
+            if since_collect > 200 {
+                drop(self.w.collect());
+                since_collect = 0;
+            }
+            self.w.c.ops.fetch_add(1, Relaxed);
+        }
+    }
+
+    fn finish(&mut self) {
+        for i in 0..BUFS {
+            if self.bufs[i].user.is_some() {
+                // Unregisters with the lost-event check.
+                let r = self.buf_range(i);
+                let _ = r;
+                let u = self.bufs[i].user.take().unwrap();
+                let l = self.w.collect();
+                let got = l.get(&u.cookie).copied().unwrap_or(0);
+                if !events_match(u.hits, got) {
+                    fail!(
+                        self.w,
+                        self.t,
+                        "region {:#x}: {} hits but {got} events",
+                        u.cookie,
+                        u.hits
+                    );
+                }
+                self.w.c.event_checks.fetch_add(1, Relaxed);
+                self.w
+                    .cache
+                    .notifier()
+                    .unregister(Cookie(u.cookie))
+                    .unwrap();
+            }
+        }
+        for (p, _) in self.heap.drain(..) {
+            // SAFETY: live blocks from malloc/realloc, freed once.
+            unsafe { libc::free(p.cast()) };
+        }
+        for i in 0..BUFS {
+            let r = self.buf_range(i);
+            unmap(r.start, r.len());
+        }
+        if self.pidfd >= 0 {
+            // SAFETY: our own pidfd.
+            unsafe { libc::close(self.pidfd) };
+        }
+    }
+}
+
+/// The child of a fork: the parent's library state is unusable (typed errors, every check
+/// invalid), and a fresh notifier in the child works, including on `brk`.
+fn fork_child(parent: &Cache<Recording>, parent_region: Option<Region>) -> i32 {
+    let pn = parent.notifier();
+    if let Some(r) = parent_region {
+        if pn.is_valid(r) {
+            return 10;
+        }
+    }
+    if !matches!(pn.generation(), Err(ummunotify::Error::Forked)) {
+        return 11;
+    }
+    let n = match Notifier::new() {
+        Ok(n) => n,
+        Err(_) => return 12,
+    };
+    let pg = page();
+    // brk: grow the heap by hand, watch the new part, shrink it back.
+    // SAFETY: sbrk(0) reads the break.
+    let old = unsafe { libc::sbrk(0) } as usize;
+    // SAFETY: grows the break by 16 pages; shrunk back below before anything else allocates.
+    if unsafe { libc::sbrk(16 * pg as libc::intptr_t) } as usize != old {
+        return 13;
+    }
+    let top = (old + pg - 1) & !(pg - 1);
+    if top + 8 * pg > old + 16 * pg {
+        return 14;
+    }
+    fill(top, 8 * pg, 3);
+    let r = match n.register(top..top + 8 * pg, Cookie(1)) {
+        Ok(r) => r,
+        Err(_) => return 15,
+    };
+    // SAFETY: sbrk(0) reads the break.
+    if unsafe { libc::sbrk(0) } as usize != old + 16 * pg {
+        // The allocator moved the break meanwhile (this thread's arena is the main one):
+        // shrinking now would take its memory away. Nothing to check then.
+        return 0;
+    }
+    // SAFETY: shrinks the break back to where it was (unmaps what we added).
+    unsafe { libc::sbrk(-(16 * pg as libc::intptr_t)) };
+    if n.is_valid(r) {
+        return 16;
+    }
+    match n.events() {
+        Ok(ev) if ev.len() == 1 && ev[0].cookie == Cookie(1) => {}
+        _ => return 17,
+    }
+    let m = map(4 * pg);
+    let r = match n.register(m..m + 4 * pg, Cookie(2)) {
+        Ok(r) => r,
+        Err(_) => return 18,
+    };
+    madv(m, pg, libc::MADV_DONTNEED);
+    if n.is_valid(r) {
+        return 19;
+    }
+    0
+}
+
+/// Runs the torture and returns its totals (panics with the seed on any failure).
+pub fn run(p: Params) -> Totals {
+    let pfns = match pagemap::pfn(&p as *const Params as usize) {
+        Ok(Some(_)) => true,
+        Ok(None) => true,
+        Err(e) => {
+            ummunotify_testkit::require::skip_or_fail(
+                "torture PFN oracle",
+                &format!("PFNs in /proc/self/pagemap ({e}); the device-bytes oracle still runs"),
+            );
+            false
+        }
+    };
+    // Room in the table beyond `max_regions` for regions that left the cache while a handle still
+    // holds them (the cache caps regions, not regions + held retired ones, at the table size).
+    let uring = match IoUringRegistrar::new(64) {
+        Ok(u) => u,
+        Err(e) => {
+            ummunotify_testkit::require::skip_or_fail("torture", &format!("io_uring ({e})"));
+            return Totals::default();
+        }
+    };
+    let cache =
+        Cache::new(Recording { uring, pfns }, Config::default().max_regions(40)).expect("cache");
+    let world = World {
+        p: p.clone(),
+        cache,
+        pfns,
+        stop: AtomicBool::new(false),
+        c: Counters::default(),
+        ledger: Mutex::new(HashMap::new()),
+        last_fork: Mutex::new(Instant::now()),
+    };
+    let pg = page();
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        for t in 0..p.threads {
+            let w = &world;
+            std::thread::Builder::new()
+                .name(format!("torture-{t}"))
+                .spawn_scoped(s, move || {
+                    let area = area(t);
+                    let mut rng = Rng::new(p.seed ^ (t as u64).wrapping_mul(0x9E37_79B9));
+                    let bufs = (0..BUFS)
+                        .map(|i| {
+                            let pages = 1 + rng.below(MAX_PAGES as u64) as usize;
+                            let addr = area + i * SPACING;
+                            let shmem = (i >= BUFS - SHMEM_BUFS).then(|| memfd(MAX_PAGES * pg));
+                            assert!(
+                                map_noreplace(addr, pages * pg, shmem.as_ref()),
+                                "torture area {addr:#x} is taken"
+                            );
+                            Buf {
+                                addr,
+                                pages,
+                                shmem,
+                                user: None,
+                            }
+                        })
+                        .collect();
+                    // SAFETY: pidfd_open of our own process.
+                    let pidfd =
+                        unsafe { libc::syscall(libc::SYS_pidfd_open, libc::getpid(), 0) } as i32;
+                    let mut wk = Worker {
+                        w,
+                        t,
+                        rng,
+                        file: memfd(0),
+                        bufs,
+                        area,
+                        heap: Vec::new(),
+                        next_cookie: 0,
+                        stamp: 0,
+                        pidfd,
+                        uring_madvise: UringMadvise::new().ok(),
+                    };
+                    wk.run();
+                    wk.finish();
+                })
+                .unwrap();
+        }
+        std::thread::sleep(p.duration);
+        world.stop.store(true, SeqCst);
+    });
+    drop(world.collect());
+    let c = &world.c;
+    let l = |a: &AtomicU64| a.load(SeqCst);
+    world.cache.flush();
+    let st = world.cache.stats();
+    eprintln!("cache: {st:?}");
+    eprintln!("notifier: {:?}", world.cache.notifier().stats());
+    Totals {
+        ops: l(&c.ops),
+        io: l(&c.io),
+        changes: l(&c.changes),
+        registers: l(&c.registers),
+        unregisters: l(&c.unregisters),
+        heap_ops: l(&c.heap_ops),
+        threads_spawned: l(&c.threads_spawned),
+        forks: l(&c.forks),
+        pfn_checks: l(&c.pfn_checks),
+        byte_checks: l(&c.byte_checks),
+        token_checks: l(&c.token_checks),
+        event_checks: l(&c.event_checks),
+        events: l(&c.events),
+        elapsed: start.elapsed(),
+    }
+}
+
+/// Prints the totals of a run in one block.
+pub fn report(what: &str, p: &Params, t: &Totals) {
+    let secs = t.elapsed.as_secs_f64().max(1e-9);
+    eprintln!(
+        "{what}: seed {:#x}, {} threads, {:.1} s: {} ops ({:.0} ops/s), {} checks \
+         ({} PFN pages, {} device-byte compares, {} validity checks, {} event-count checks); \
+         {} I/Os, {} mapping changes, {} registers / {} unregisters, {} heap ops, {} threads \
+         spawned, {} forks, {} user events; peak RSS {} KiB",
+        p.seed,
+        p.threads,
+        secs,
+        t.ops,
+        t.ops as f64 / secs,
+        t.checks(),
+        t.pfn_checks,
+        t.byte_checks,
+        t.token_checks,
+        t.event_checks,
+        t.io,
+        t.changes,
+        t.registers,
+        t.unregisters,
+        t.heap_ops,
+        t.threads_spawned,
+        t.forks,
+        t.events,
+        status_kib("VmHWM"),
+    );
+}
