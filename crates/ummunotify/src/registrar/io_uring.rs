@@ -122,11 +122,20 @@ impl IoUringRegistrar {
                 .map_err(|_| io::Error::other("io_uring submission queue full"))?;
             sq.sync();
         }
-        self.ring.submitter().submit_and_wait(1)?;
-        // SAFETY: `self.io` is held: the only live handle on the completion queue.
-        let cqe = unsafe { self.ring.completion_shared() }
-            .next()
-            .ok_or_else(|| io::Error::other("io_uring returned no completion"))?;
+        // Wait until the completion is there: a signal can end the wait early (EINTR, or a
+        // return with nothing completed). Giving up then would leave this operation's completion
+        // for the next caller, who would take it for its own (found by tests/signals.rs).
+        let cqe = loop {
+            match self.ring.submitter().submit_and_wait(1) {
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+            // SAFETY: `self.io` is held: the only live handle on the completion queue.
+            if let Some(cqe) = unsafe { self.ring.completion_shared() }.next() {
+                break cqe;
+            }
+        };
         u32::try_from(cqe.result()).map_err(|_| io::Error::from_raw_os_error(-cqe.result()))
     }
 
