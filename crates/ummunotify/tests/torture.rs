@@ -23,6 +23,7 @@ fn torture() {
         threads: env_u64("UMN_TORTURE_THREADS", 3).clamp(1, 8) as usize,
         duration: Duration::from_secs(env_u64("UMN_TORTURE_SECS", 60)),
         fork_every: Duration::from_millis(250),
+        uring_madvise: true,
     };
     let t = run(p.clone());
     report("torture", &p, &t);

@@ -39,6 +39,9 @@ pub struct Params {
     pub duration: Duration,
     /// Forks at most this often (each fork costs milliseconds).
     pub fork_every: Duration,
+    /// Use the testkit's `IORING_OP_MADVISE` ring (not under a signal storm: its wait gives up on
+    /// `EINTR` and leaves the madvise in flight).
+    pub uring_madvise: bool,
 }
 
 /// What a run did.
@@ -961,7 +964,11 @@ pub fn run(p: Params) -> Totals {
                         next_cookie: 0,
                         stamp: 0,
                         pidfd,
-                        uring_madvise: UringMadvise::new().ok(),
+                        uring_madvise: if p.uring_madvise {
+                            UringMadvise::new().ok()
+                        } else {
+                            None
+                        },
                     };
                     wk.run();
                     wk.finish();
