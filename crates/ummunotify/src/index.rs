@@ -352,7 +352,7 @@ impl IntervalIndex {
 
     /// Checks every invariant (ordering, AVL balance, heights, `max_end`, `len`); panics with
     /// a description of the first violation.
-    #[cfg(test)]
+    #[cfg(any(test, feature = "fuzzing"))]
     pub(crate) fn check_invariants<N: Nodes + ?Sized>(&self, nodes: &N) {
         /// Returns `(height, max_end, count)` of the subtree at `id`, whose keys must lie
         /// strictly between `lo` and `hi`.

@@ -48,6 +48,11 @@
 #![deny(missing_docs)]
 #![cfg_attr(loom, allow(dead_code, unused_imports))]
 
+/// Fuzzing entry point (feature `fuzzing`); not part of the API.
+#[cfg(all(not(loom), any(test, feature = "fuzzing")))]
+#[doc(hidden)]
+#[path = "fuzz.rs"]
+pub mod __fuzz;
 #[cfg(not(loom))]
 mod backend;
 #[cfg(not(loom))]
