@@ -94,7 +94,11 @@ fn compile(name: &str, link: Link) -> PathBuf {
         }
         Link::Static | Link::AsanStatic => {
             if matches!(link, Link::AsanStatic) {
-                cmd.args(["-fsanitize=address", "-fno-omit-frame-pointer"]);
+                cmd.args([
+                    "-fsanitize=address",
+                    "-fno-omit-frame-pointer",
+                    "-DUMN_UNDER_ASAN",
+                ]);
             }
             cmd.arg(lib.join("libummunotify.a")).args(STATIC_DEPS);
         }
