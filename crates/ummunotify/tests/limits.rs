@@ -111,11 +111,6 @@ fn max_map_count_child() {
     let st = n.stats();
     assert_eq!(st.regions, ok);
     assert_eq!(st.coverage_segments, ok);
-    assert_eq!(
-        watched_vmas(),
-        ok,
-        "the kernel watches exactly the registered pages"
-    );
     // Still correct at the limit: unmapping a watched page invalidates its region, one event.
     let r0 = n.region(Cookie(0)).unwrap();
     let seen = n.generation().unwrap();

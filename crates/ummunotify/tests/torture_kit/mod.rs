@@ -150,15 +150,44 @@ pub fn map_count() -> usize {
 /// Number of mappings the kernel marks as watched by a userfaultfd context (`um`/`uw`/`ui` in
 /// the `VmFlags` of `/proc/self/smaps`).
 pub fn watched_vmas() -> usize {
-    std::fs::read_to_string("/proc/self/smaps")
-        .unwrap()
-        .lines()
-        .filter_map(|l| l.strip_prefix("VmFlags:"))
-        .filter(|f| {
-            f.split_whitespace()
-                .any(|w| matches!(w, "um" | "uw" | "ui"))
-        })
-        .count()
+    Smaps::with_capacity(1 << 20).watched_vmas()
+}
+
+/// Reads `/proc/self/smaps` into a buffer reserved up front: at `vm.max_map_count` the process can
+/// not make the new mapping a growing buffer would need.
+pub struct Smaps(Vec<u8>);
+
+impl Smaps {
+    pub fn with_capacity(bytes: usize) -> Smaps {
+        Smaps(Vec::with_capacity(bytes))
+    }
+
+    pub fn watched_vmas(&mut self) -> usize {
+        use std::io::Read;
+        self.0.clear();
+        let mut f = std::fs::File::open("/proc/self/smaps").unwrap();
+        loop {
+            if self.0.len() == self.0.capacity() {
+                panic!("smaps larger than the reserved {} bytes", self.0.capacity());
+            }
+            let len = self.0.len();
+            let cap = self.0.capacity();
+            self.0.resize(cap, 0);
+            let n = f.read(&mut self.0[len..]).unwrap();
+            self.0.truncate(len + n);
+            if n == 0 {
+                break;
+            }
+        }
+        String::from_utf8_lossy(&self.0)
+            .lines()
+            .filter_map(|l| l.strip_prefix("VmFlags:"))
+            .filter(|f| {
+                f.split_whitespace()
+                    .any(|w| matches!(w, "um" | "uw" | "ui"))
+            })
+            .count()
+    }
 }
 
 /// Aborts the process (a hang becomes a failure) unless dropped within `limit`.
