@@ -339,14 +339,26 @@ impl Shared {
         }
     }
 
+    /// The first step of every user call that changes state (registry lock held): wait until
+    /// the monitor has applied every message it already dequeued, then unwatch the destinations of
+    /// moved watches that no region needs.
+    ///
+    /// Waiting matters twice: a message for an unmap that returned before this call may still be
+    /// being applied (and would otherwise hit a region this call is about to insert at the same,
+    /// re-mapped addresses), and a `Remap` applied late would leave its moved watch for a later
+    /// call to clean up.
+    fn settle(&self, reg: &mut Registry) -> Result<()> {
+        if generation::wait_idle(self.counter()).is_err() {
+            return self.alive();
+        }
+        if self.strays_pending.swap(false, Acquire) {
+            self.clean_strays(reg);
+        }
+        Ok(())
+    }
+
     /// Unwatches the destinations of moved watches that no region needs (registry lock held).
     fn clean_strays(&self, reg: &mut Registry) {
-        // A Remap dequeued before this call started may still be being applied: wait for it, so
-        // "the next call cleans up" holds for every mremap that returned before the call.
-        let _ = generation::wait_idle(self.counter());
-        if !self.strays_pending.swap(false, Acquire) {
-            return;
-        }
         let mut strays = [(0u64, 0u64); STRAYS];
         let n = {
             let mut l = self.lock_index_blocked();
@@ -510,7 +522,7 @@ impl Notifier {
         let sh = &*self.shared;
         sh.alive()?;
         let mut reg = sh.lock_registry();
-        sh.clean_strays(&mut reg);
+        sh.settle(&mut reg)?;
         if reg.cookies.contains_key(&cookie.0) {
             return Err(Error::DuplicateCookie(cookie));
         }
@@ -595,7 +607,7 @@ impl Notifier {
         let sh = &*self.shared;
         sh.alive()?;
         let mut reg = sh.lock_registry();
-        sh.clean_strays(&mut reg);
+        sh.settle(&mut reg)?;
         let Some(&id) = reg.cookies.get(&cookie.0) else {
             return Err(Error::UnknownCookie(cookie));
         };
@@ -675,7 +687,7 @@ impl Notifier {
         let sh = &*self.shared;
         sh.alive()?;
         let mut reg = sh.lock_registry();
-        sh.clean_strays(&mut reg);
+        sh.settle(&mut reg)?;
         let mut recover: Vec<(u32, u64, Span)> = Vec::with_capacity(buf.len().min(4096));
         let mut n = 0;
         let drained = loop {
