@@ -298,3 +298,59 @@ fn threads_hit_and_invalidate() {
     cache.flush();
     assert!(cache.registrar().live.lock().unwrap().is_empty());
 }
+
+/// Regions invalidated while held stay registered with the device until their handles drop. A
+/// registrar with a bounded table (io_uring: 4 slots here) must not be asked for more than it has:
+/// the cache evicts unheld regions to make room for the pinned ones instead of failing.
+#[test]
+fn held_retired_regions_count_against_a_bounded_registrar_table() {
+    let _s = serial();
+    let pg = page();
+    let registrar = match ummunotify::registrar::IoUringRegistrar::new(4) {
+        Ok(r) => r,
+        Err(e) => {
+            ummunotify_testkit::require::skip_or_fail(
+                "held_retired_regions_count_against_a_bounded_registrar_table",
+                &format!("io_uring sparse buffer table: {e}"),
+            );
+            return;
+        }
+    };
+    let cache = Cache::new(
+        registrar,
+        Config::default().max_regions(4).merge_adjacent(false),
+    )
+    .unwrap();
+    let old = map(4 * 2 * pg);
+    let fresh = map(4 * 2 * pg);
+    // Four cached regions (every other page, so none merge), two of them held.
+    let held: Vec<_> = (0..4)
+        .map(|i| cache.get(old + 2 * i * pg, pg).unwrap())
+        .take(2)
+        .collect();
+    for i in 2..4 {
+        drop(cache.get(old + 2 * i * pg, pg).unwrap());
+    }
+    // All four invalidated: two leave at once, two stay registered for their holders.
+    // SAFETY: test-owned mapping.
+    assert_eq!(
+        unsafe { libc::madvise(old as *mut _, 8 * pg, libc::MADV_DONTNEED) },
+        0
+    );
+    assert!(held.iter().all(|h| !h.is_valid()));
+    // Four fresh misses: with two slots pinned by holders, only two fit at a time; the cache must
+    // evict its own unheld regions rather than overflow the table.
+    for round in 0..3 {
+        for i in 0..4 {
+            let h = cache
+                .get(fresh + 2 * i * pg, pg)
+                .unwrap_or_else(|e| panic!("round {round}, miss {i}: {e}"));
+            assert!(h.is_valid());
+        }
+    }
+    drop(held);
+    cache.flush();
+    assert_eq!(cache.stats().retired, 0);
+    unmap(old, 8 * pg);
+    unmap(fresh, 8 * pg);
+}

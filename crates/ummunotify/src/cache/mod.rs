@@ -712,14 +712,20 @@ impl<R: Registrar> Cache<R> {
         let leaving_bytes: usize = leaving.iter().map(|e| e.len()).sum();
         let mut regions = st.by_cookie.len().saturating_sub(leaving.len());
         let mut bytes = st.live_bytes.saturating_sub(leaving_bytes);
+        let threads = self.threads.lock().unwrap_or_else(|p| p.into_inner());
+        // Regions that left the cache while a handle holds them stay registered with the device
+        // until dropped: a registrar with a bounded table (io_uring) has room only for the rest.
+        let cap = self.registrar.max_registrations().unwrap_or(usize::MAX);
+        let pinned = st.retired.len() + leaving.iter().filter(|e| self.held(&threads, e)).count();
         let fits = |r: usize, b: usize| {
-            r < self.config.max_regions && b.saturating_add(extra_bytes) <= self.config.max_bytes
+            r < self.config.max_regions
+                && r.saturating_add(pinned) < cap
+                && b.saturating_add(extra_bytes) <= self.config.max_bytes
         };
         let mut victims = Vec::new();
         if fits(regions, bytes) {
             return victims;
         }
-        let threads = self.threads.lock().unwrap_or_else(|p| p.into_inner());
         let mut budget = 2 * st.clock.len() + 1;
         while !fits(regions, bytes) && budget > 0 {
             budget -= 1;
@@ -809,6 +815,10 @@ impl<R: Registrar> Cache<R> {
             }
             let mut leaving = dead.clone();
             leaving.extend(absorb.iter().cloned());
+            // Retired regions no handle holds any more give their room back first, so that
+            // `evict_for` counts only the ones still pinned by a holder.
+            free.extend(self.reclaim(st));
+            self.deregister(std::mem::take(free));
             let victims = self.evict_for(st, &leaving, union.len());
 
             let cookie = Cookie(CACHE_COOKIE_BIT | st.next_cookie);
