@@ -3,6 +3,9 @@
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Mutex;
 
+mod common;
+
+use common::{map_untouched as map, page, replace, unmap};
 use ummunotify::cache::{Cache, Config};
 use ummunotify::registrar::{NoopRegistrar, Registrar};
 
@@ -11,49 +14,6 @@ static SERIAL: Mutex<()> = Mutex::new(());
 
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn page() -> usize {
-    // SAFETY: sysconf has no preconditions.
-    unsafe { libc::sysconf(libc::_SC_PAGESIZE) as usize }
-}
-
-fn map(len: usize) -> usize {
-    // SAFETY: a fresh anonymous mapping, no fixed address.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    assert_ne!(p, libc::MAP_FAILED);
-    p as usize
-}
-
-fn unmap(addr: usize, len: usize) {
-    // SAFETY: test-owned mapping.
-    assert_eq!(unsafe { libc::munmap(addr as *mut _, len) }, 0);
-}
-
-/// Puts a new mapping over `[addr, addr + len)` in one call (`MAP_FIXED`: the kernel unmaps the
-/// old pages first), so no other thread's mmap can take the address in between.
-fn replace(addr: usize, len: usize) {
-    // SAFETY: replaces only a test-owned mapping.
-    let p = unsafe {
-        libc::mmap(
-            addr as *mut _,
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
-            -1,
-            0,
-        )
-    };
-    assert_eq!(p as usize, addr);
 }
 
 /// Counts registrations, to see misses and deregistrations from the registrar's side.

@@ -6,6 +6,7 @@
 //! the ummunotify cache never. One `#[test]` per binary: the cases unmap and map again at the
 //! same address, which a concurrently running test could take in between.
 mod cache_common;
+mod common;
 
 use cache_common::*;
 use ummunotify::cache::{Cache, Config};

@@ -3,6 +3,7 @@
 //! (which returned before the worker continues) the worker's next write must carry the new bytes;
 //! with a naive cache it carries the old ones.
 mod cache_common;
+mod common;
 
 use std::sync::mpsc;
 use std::sync::Mutex;

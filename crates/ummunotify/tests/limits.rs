@@ -4,6 +4,7 @@
 //!
 //! The first two run in a child process (they exhaust the process's mappings, or drop a
 //! capability and lower an rlimit).
+mod common;
 mod torture_kit;
 
 use std::fs::File;

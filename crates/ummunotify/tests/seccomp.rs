@@ -5,6 +5,7 @@
 //!
 //! Opening `/dev/userfaultfd` itself can not be filtered by path in seccomp (BPF sees pointers, not
 //! strings); blocking the ioctl is what makes the device useless, and that is what is tested.
+mod common;
 mod torture_kit;
 
 use std::time::Duration;

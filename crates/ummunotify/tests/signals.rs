@@ -6,6 +6,7 @@
 //! no hang, and every handler-made change invalidates the region before the handler returns.
 //!
 //! `UMN_SIGNAL_SECS` (default 15), `UMN_TORTURE_SEED` as for the torture run.
+mod common;
 mod torture_kit;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};

@@ -4,6 +4,7 @@
 //! nothing that grows with the number of events (the queue is threaded through region slots).
 //!
 //! The tests of this binary run one at a time (they measure the process's memory).
+mod common;
 mod torture_kit;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};

@@ -9,6 +9,7 @@
 //! * A failure panics with `UMN_TORTURE_SEED=...`. The seed fixes each thread's choices; the
 //!   interleaving of threads is the scheduler's, so a replay repeats the same operations, not
 //!   necessarily the same races.
+mod common;
 mod torture_kit;
 
 use std::time::Duration;

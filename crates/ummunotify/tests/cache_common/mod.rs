@@ -13,67 +13,25 @@ use ummunotify_testkit::require::skip_or_fail;
 pub const OLD: u8 = b'A';
 pub const NEW: u8 = b'B';
 
-pub fn page() -> usize {
-    // SAFETY: sysconf has no preconditions.
-    unsafe { libc::sysconf(libc::_SC_PAGESIZE) as usize }
-}
+pub use crate::common::{madvise, page, replace};
 
+/// A fresh anonymous mapping (not touched).
 pub fn map(len: usize) -> usize {
-    // SAFETY: a fresh anonymous mapping, no fixed address.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    assert_ne!(p, libc::MAP_FAILED);
-    p as usize
+    crate::common::map_untouched(len)
 }
 
 /// Maps new memory exactly at `addr` (which must be free).
 pub fn map_at(addr: usize, len: usize) {
-    // SAFETY: NOREPLACE never clobbers an existing mapping.
-    let p = unsafe {
-        libc::mmap(
-            addr as *mut _,
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
-            -1,
-            0,
-        )
-    };
-    assert_eq!(p as usize, addr, "could not map at the old address");
+    assert!(
+        crate::common::map_at(addr, len),
+        "could not map at the old address"
+    );
 }
 
-/// New memory over `[addr, addr + len)` in one call (MAP_FIXED).
-pub fn replace(addr: usize, len: usize) {
-    // SAFETY: replaces only a test-owned mapping.
-    let p = unsafe {
-        libc::mmap(
-            addr as *mut _,
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
-            -1,
-            0,
-        )
-    };
-    assert_eq!(p as usize, addr);
-}
-
+/// `munmap`, ignoring failure (cleanup after a case that may have unmapped already).
 pub fn unmap(addr: usize, len: usize) {
     // SAFETY: test-owned mapping.
     unsafe { libc::munmap(addr as *mut _, len) };
-}
-
-pub fn madvise(addr: usize, len: usize, advice: i32) {
-    // SAFETY: advice on test-owned memory.
-    assert_eq!(unsafe { libc::madvise(addr as *mut _, len, advice) }, 0);
 }
 
 pub fn memfd_file(len: usize) -> File {

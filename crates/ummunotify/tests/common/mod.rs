@@ -1,17 +1,24 @@
-//! Helpers shared by the notifier's integration tests: raw anonymous mappings.
+//! Raw anonymous mappings and other kernel-facing helpers shared by every integration test
+//! (the cache and reliability helpers build on these).
 #![allow(dead_code)]
 
 pub const PAGE: usize = 4096;
 
-/// A fresh private anonymous read-write mapping of `len` bytes, touched (so pages exist).
-pub fn map(len: usize) -> usize {
+/// The page size.
+pub fn page() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    unsafe { libc::sysconf(libc::_SC_PAGESIZE) as usize }
+}
+
+/// A fresh private anonymous read-write mapping of `len` bytes, not touched (no memory committed).
+pub fn map_untouched(len: usize) -> usize {
     // SAFETY: a new mapping at an address the kernel chooses; nothing existing is affected.
     let p = unsafe {
         libc::mmap(
             std::ptr::null_mut(),
             len,
             libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
             -1,
             0,
         )
@@ -22,9 +29,37 @@ pub fn map(len: usize) -> usize {
         "mmap: {}",
         std::io::Error::last_os_error()
     );
-    // SAFETY: the mapping is ours, read-write, `len` bytes.
-    unsafe { std::ptr::write_bytes(p.cast::<u8>(), 0xA5, len) };
     p as usize
+}
+
+/// A fresh private anonymous read-write mapping of `len` bytes, touched (so pages exist).
+pub fn map(len: usize) -> usize {
+    let p = map_untouched(len);
+    // SAFETY: the mapping is ours, read-write, `len` bytes.
+    unsafe { std::ptr::write_bytes(p as *mut u8, 0xA5, len) };
+    p
+}
+
+/// New memory over `[addr, addr + len)` in one call (`MAP_FIXED`: the kernel unmaps the old pages
+/// first), so no other thread's mmap can take the address in between.
+pub fn replace(addr: usize, len: usize) {
+    // SAFETY: callers replace only mappings they own.
+    let p = unsafe {
+        libc::mmap(
+            addr as *mut libc::c_void,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+            -1,
+            0,
+        )
+    };
+    assert_eq!(
+        p as usize,
+        addr,
+        "mmap fixed: {}",
+        std::io::Error::last_os_error()
+    );
 }
 
 /// Maps `len` bytes exactly at `addr`, failing rather than replacing anything there.

@@ -9,60 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-pub fn page() -> usize {
-    // SAFETY: sysconf has no preconditions.
-    unsafe { libc::sysconf(libc::_SC_PAGESIZE) as usize }
-}
-
-/// A fresh private anonymous read-write mapping of `len` bytes (not touched).
-pub fn map(len: usize) -> usize {
-    // SAFETY: a new mapping at an address the kernel chooses; nothing existing is affected.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-            -1,
-            0,
-        )
-    };
-    assert_ne!(
-        p,
-        libc::MAP_FAILED,
-        "mmap: {}",
-        std::io::Error::last_os_error()
-    );
-    p as usize
-}
-
-/// Maps `len` bytes exactly at `addr` (MAP_FIXED: replaces whatever the test had there).
-pub fn map_fixed(addr: usize, len: usize) {
-    // SAFETY: callers only pass addresses inside their own private areas (`area`).
-    let p = unsafe {
-        libc::mmap(
-            addr as *mut libc::c_void,
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
-            -1,
-            0,
-        )
-    };
-    assert_eq!(
-        p as usize,
-        addr,
-        "mmap fixed: {}",
-        std::io::Error::last_os_error()
-    );
-}
-
-/// `munmap` of a range the test owns.
-pub fn unmap(addr: usize, len: usize) {
-    // SAFETY: the tests only unmap mappings they created and no longer reference.
-    let r = unsafe { libc::munmap(addr as *mut libc::c_void, len) };
-    assert_eq!(r, 0, "munmap: {}", std::io::Error::last_os_error());
-}
+pub use crate::common::{map_untouched as map, page, replace as map_fixed, unmap};
 
 /// Fills `[addr, addr + len)` with `byte`.
 pub fn fill(addr: usize, len: usize, byte: u8) {
