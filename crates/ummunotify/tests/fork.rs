@@ -4,37 +4,6 @@ mod common;
 use common::*;
 use ummunotify::{Cookie, Error, Notifier};
 
-/// Runs `child` in a forked child and returns its exit status (0 = all assertions held).
-/// The child reports failures through its exit code, never by panicking across fork.
-fn in_child(child: impl FnOnce() -> i32) -> i32 {
-    // SAFETY: fork in a test process; the child only runs `child` and then `_exit`s, and what it
-    // runs is what this test exists to check is safe after fork.
-    let pid = unsafe { libc::fork() };
-    assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
-    if pid == 0 {
-        let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(child)).unwrap_or(101);
-        // SAFETY: leave the child without running the parent's atexit handlers or test harness.
-        unsafe { libc::_exit(code) };
-    }
-    // Bounded wait: a hung child fails the test instead of hanging it.
-    for _ in 0..3000 {
-        let mut status = 0;
-        // SAFETY: waiting for our own child.
-        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-        if r == pid {
-            return if libc::WIFEXITED(status) {
-                libc::WEXITSTATUS(status)
-            } else {
-                128 + libc::WTERMSIG(status)
-            };
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-    // SAFETY: killing our own hung child.
-    unsafe { libc::kill(pid, libc::SIGKILL) };
-    panic!("forked child hung");
-}
-
 #[test]
 fn child_sees_every_region_invalid_and_gets_typed_errors() {
     let n = Notifier::new().unwrap();
