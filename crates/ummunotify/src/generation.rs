@@ -2,8 +2,9 @@
 //!
 //! This module is the protocol of `docs/ARCHITECTURE.md`, written once. The monitor calls
 //! [`begin_message`] before each single-message `read()` and [`end_message`] after it has applied
-//! the message; checkers call [`unchanged`] and [`region_valid`]. `tests/loom_protocol.rs` runs
-//! these same functions under loom.
+//! the message; checkers call [`unchanged`] and [`region_valid`]. The `loom_model` module below
+//! runs these same functions under loom (`RUSTFLAGS="--cfg loom" cargo test -p ummunotify --lib
+//! --release loom`).
 //!
 //! Counter word: bit 63 `DEAD`, bit 62 `FORKED`, bit 0 `BUSY`, and a count that grows by two per
 //! message. A stable snapshot is always even and never has `DEAD`.

@@ -25,6 +25,9 @@ impl fmt::Display for Cookie {
 /// [`Notifier::is_valid`](crate::Notifier::is_valid) checks it with two loads. A token taken
 /// before an invalidation never reads valid again, even after the region is re-armed by reading
 /// its event: ask [`Notifier::region`](crate::Notifier::region) for a fresh token then.
+///
+/// A token means something only to the notifier that issued it; checking it against another
+/// notifier is never unsafe, but its answer is meaningless.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Region {
     pub(crate) slot: u32,
