@@ -46,10 +46,18 @@ impl Slot {
             .map(|i| Slot(Some(i)))
     }
 
-    /// Removes the entry (idempotent).
+    /// Removes the entry (idempotent). Must happen before the page is unmapped.
     pub(crate) fn release(&mut self) {
         if let Some(i) = self.0.take() {
             PAGES[i].store(0, SeqCst);
         }
+    }
+}
+
+impl Drop for Slot {
+    /// Also on the error paths of `Notifier::new`: an entry left behind would make a later child
+    /// map a page over whatever reuses the address.
+    fn drop(&mut self) {
+        self.release();
     }
 }

@@ -121,6 +121,8 @@ pub(crate) struct Shared {
     monitor_tid: AtomicI32,
     /// Fault injection for tests: the next message makes the event path fail.
     fail_next: AtomicBool,
+    /// Set by `Drop` before it signals `stop_fd` (read by the monitor when poll itself fails).
+    stopping: AtomicBool,
 }
 
 /// Proof that the index lock is held, and the only way to reach slot data.
@@ -324,6 +326,11 @@ impl Shared {
         self.stop_fd.as_fd()
     }
 
+    /// Whether the notifier is being dropped.
+    pub(crate) fn stopping(&self) -> bool {
+        self.stopping.load(SeqCst)
+    }
+
     pub(crate) fn set_monitor_tid(&self, tid: i32) {
         self.monitor_tid.store(tid, SeqCst);
     }
@@ -495,6 +502,7 @@ impl Notifier {
             events_read: StdAtomicU64::new(0),
             monitor_tid: AtomicI32::new(0),
             fail_next: AtomicBool::new(false),
+            stopping: AtomicBool::new(false),
         });
         let fork_slot = fork::Slot::new(shared.counter.addr()).ok_or(Error::Os {
             op: "fork registration",
@@ -839,6 +847,7 @@ impl Drop for Notifier {
             std::mem::forget(monitor);
             return;
         }
+        self.shared.stopping.store(true, SeqCst);
         sys::eventfd_signal(self.shared.stop_fd());
         let _ = monitor.join();
     }

@@ -122,8 +122,8 @@ impl Uffd {
 
     /// Closes the context: every watch is dropped and every waiting unmapper released.
     ///
-    /// Called only by the monitor thread as it exits, which happens only from the notifier's
-    /// `Drop` (exclusive access: no user thread can be using the fd) or after the fd failed.
+    /// Called only by the monitor thread as it exits, which happens only when the notifier's
+    /// `Drop` stops it (exclusive access: no user thread can be using the fd).
     pub(crate) fn close_from_monitor(&self) {
         if !self.closed.swap(true, SeqCst) {
             // SAFETY: the fd is open (closed was false) and, per the contract above, no other

@@ -33,21 +33,24 @@ fn run(shared: &Shared) {
     shared.set_monitor_tid(gettid());
     let mut msg = sys::UffdMsg::default();
     let mut dead = false;
+    // The loop ends only when the notifier is dropped: exiting earlier would close the context
+    // under user threads that still use its fd (see `Uffd`), so failures make it dead instead.
     loop {
         let (uffd_ready, stop) = match poll_readable(shared.uffd_fd(), shared.stop_fd()) {
             Ok(r) => r,
             Err(_) => {
-                // poll itself failing means our fds are gone: nothing can be watched any more.
+                // Can not happen while our fds are open; if it does, every check fails from now
+                // on and we keep trying (slowly) so that unmapping threads are still released.
                 shared.kill();
-                return;
+                dead = true;
+                std::thread::sleep(std::time::Duration::from_millis(1));
+                (true, shared.stopping())
             }
         };
-        if uffd_ready {
+        if uffd_ready && !(dead && stop) {
             if dead {
                 // Keep releasing unmapping threads; the counter says DEAD already.
-                if sys::read_one(shared.uffd_fd(), &mut msg).is_err() {
-                    return;
-                }
+                let _ = sys::read_one(shared.uffd_fd(), &mut msg);
                 continue;
             }
             shared.begin_message();
