@@ -544,7 +544,9 @@ impl Notifier {
         while sh.slots.capacity() <= id as usize {
             sh.slots.grow();
         }
-        let newly = reg.coverage.add(span.page_start, span.page_end);
+        // The pages that went from 0 to 1 are not needed: the whole range is watched below (see
+        // there why), and a rollback's `remove` returns exactly what this added.
+        reg.coverage.add(span.page_start, span.page_end);
         let token = {
             let mut l = sh.lock_index_blocked();
             let d = l.data(id);
@@ -566,7 +568,7 @@ impl Notifier {
         // Watch the whole page range, even parts already covered: a watch lost with an unmap may
         // have been replaced by a new mapping since (watching is idempotent).
         if let Err(e) = sh.watch(&span) {
-            self.remove_slot(&mut reg, id, &span, &newly);
+            self.remove_slot(&mut reg, id, &span);
             return Err(e);
         }
         // A racing unmap between the check in `watch` and the registration would have gone unseen.
@@ -574,7 +576,7 @@ impl Notifier {
             sys::is_mapped(span.page_start as usize, span.page_end as usize),
             Ok(true)
         ) {
-            self.remove_slot(&mut reg, id, &span, &newly);
+            self.remove_slot(&mut reg, id, &span);
             return Err(Error::Unmapped);
         }
         if reg.free.last() == Some(&id) {
@@ -587,7 +589,7 @@ impl Notifier {
     }
 
     /// Undoes the index and coverage part of a registration (registry lock held).
-    fn remove_slot(&self, reg: &mut Registry, id: u32, span: &Span, _added: &[(u64, u64)]) {
+    fn remove_slot(&self, reg: &mut Registry, id: u32, span: &Span) {
         let sh = &*self.shared;
         {
             let mut l = sh.lock_index_blocked();
@@ -624,7 +626,7 @@ impl Notifier {
             l.data(id).span.expect("registered slot without span")
         };
         reg.cookies.remove(&cookie.0);
-        self.remove_slot(&mut reg, id, &span, &[]);
+        self.remove_slot(&mut reg, id, &span);
         reg.free.push(id);
         Ok(())
     }
