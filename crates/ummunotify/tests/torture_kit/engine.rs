@@ -407,33 +407,38 @@ impl Worker<'_> {
         self.w.io_check(self.t, &self.file, a, l);
     }
 
+    /// Unregisters a user region after the lost-event check: every hit shows up as at least one
+    /// event, never more than hits. The ledger stays locked until the region is gone, so no event
+    /// of it can be collected in between.
+    fn unregister_user(&mut self, u: User) {
+        let l = self.w.collect();
+        let got = l.get(&u.cookie).copied().unwrap_or(0);
+        if !events_match(u.hits, got) {
+            fail!(
+                self.w,
+                self.t,
+                "region {:#x}: {} hits but {got} events",
+                u.cookie,
+                u.hits
+            );
+        }
+        self.w.c.event_checks.fetch_add(1, Relaxed);
+        if let Err(e) = self.w.cache.notifier().unregister(Cookie(u.cookie)) {
+            fail!(self.w, self.t, "unregister: {e}");
+        }
+        drop(l);
+        self.w.c.unregisters.fetch_add(1, Relaxed);
+    }
+
     fn op_register(&mut self) {
         let i = self.rng.below(BUFS as u64) as usize;
-        let r = self.buf_range(i);
-        let n = self.w.cache.notifier();
         if let Some(u) = self.bufs[i].user.take() {
-            // Lost-event check: every hit shows up as at least one event, never more than hits.
-            let l = self.w.collect();
-            let got = l.get(&u.cookie).copied().unwrap_or(0);
-            if !events_match(u.hits, got) {
-                fail!(
-                    self.w,
-                    self.t,
-                    "region {:#x}: {} hits but {got} events",
-                    u.cookie,
-                    u.hits
-                );
-            }
-            self.w.c.event_checks.fetch_add(1, Relaxed);
-            if let Err(e) = n.unregister(Cookie(u.cookie)) {
-                fail!(self.w, self.t, "unregister: {e}");
-            }
-            drop(l);
-            self.w.c.unregisters.fetch_add(1, Relaxed);
+            self.unregister_user(u);
         } else {
+            let r = self.buf_range(i);
             self.next_cookie += 1;
             let cookie = ((self.t as u64 + 1) << 40) | self.next_cookie;
-            match n.register(r, Cookie(cookie)) {
+            match self.w.cache.notifier().register(r, Cookie(cookie)) {
                 Ok(_) => {
                     self.bufs[i].user = Some(User { cookie, hits: 0 });
                     self.w.c.registers.fetch_add(1, Relaxed);
@@ -804,28 +809,8 @@ impl Worker<'_> {
 
     fn finish(&mut self) {
         for i in 0..BUFS {
-            if self.bufs[i].user.is_some() {
-                // Unregisters with the lost-event check.
-                let r = self.buf_range(i);
-                let _ = r;
-                let u = self.bufs[i].user.take().unwrap();
-                let l = self.w.collect();
-                let got = l.get(&u.cookie).copied().unwrap_or(0);
-                if !events_match(u.hits, got) {
-                    fail!(
-                        self.w,
-                        self.t,
-                        "region {:#x}: {} hits but {got} events",
-                        u.cookie,
-                        u.hits
-                    );
-                }
-                self.w.c.event_checks.fetch_add(1, Relaxed);
-                self.w
-                    .cache
-                    .notifier()
-                    .unregister(Cookie(u.cookie))
-                    .unwrap();
+            if let Some(u) = self.bufs[i].user.take() {
+                self.unregister_user(u);
             }
         }
         for (p, _) in self.heap.drain(..) {
