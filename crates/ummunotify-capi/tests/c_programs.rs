@@ -10,39 +10,27 @@
 //!
 //! A program exits 77 when userfaultfd is unavailable here; that is a loud SKIP, and a failure
 //! when `UMN_REQUIRE_ALL=1` (as in CI).
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+use ummunotify_testkit::cprog;
 
 /// The directory holding `libummunotify.{so,a}`: the test binary lives in `<profile>/deps/`.
 ///
 /// Cargo does not rebuild a cdylib/staticlib-only library for integration tests, so the first
 /// caller builds it here (same target directory and profile as this test binary).
 pub fn lib_dir() -> PathBuf {
-    static BUILD: std::sync::Once = std::sync::Once::new();
-    let exe = std::env::current_exe().expect("current_exe");
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("test binary in <target>/<profile>/deps");
-    BUILD.call_once(|| {
-        let target = dir.parent().expect("<target>/<profile>");
-        let mut cmd = Command::new(env!("CARGO"));
-        cmd.args(["build", "-p", "ummunotify-capi", "--lib"])
-            .arg("--target-dir")
-            .arg(target)
-            .current_dir(crate_dir());
-        if dir.file_name().is_some_and(|p| p == "release") {
-            cmd.arg("--release");
-        }
-        let st = cmd.status().expect("run cargo build");
-        assert!(st.success(), "cargo build -p ummunotify-capi failed");
-    });
+    static BUILD: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    let dir = BUILD
+        .get_or_init(|| cprog::build_lib("ummunotify-capi", &crate_dir()))
+        .clone();
     assert!(
         dir.join("libummunotify.so").exists() && dir.join("libummunotify.a").exists(),
         "libummunotify.so/.a not found in {}: build the crate first (cargo build -p ummunotify-capi)",
         dir.display()
     );
-    dir.to_path_buf()
+    dir
 }
 
 fn crate_dir() -> PathBuf {
@@ -71,81 +59,40 @@ enum Link {
 fn compile(name: &str, link: Link) -> PathBuf {
     let lib = lib_dir();
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("c-{name}-{link:?}"));
-    let mut cmd = Command::new("gcc");
-    cmd.args([
-        "-std=gnu11",
-        "-Wall",
-        "-Wextra",
-        "-Werror",
-        "-g",
-        "-O1",
-        "-pthread",
-    ])
-    .arg("-I")
-    .arg(crate_dir().join("../../include"))
-    .arg(crate_dir().join(format!("tests/c/{name}.c")))
-    .arg("-o")
-    .arg(&out);
+    let mut extra: Vec<OsString> = vec!["-O1".into(), "-I".into()];
+    extra.push(crate_dir().join("../../include").into());
     match link {
         Link::Shared => {
-            cmd.arg(format!("-L{}", lib.display()))
-                .arg(format!("-Wl,-rpath,{}", lib.display()))
-                .arg("-lummunotify");
+            extra.push(format!("-L{}", lib.display()).into());
+            extra.push(format!("-Wl,-rpath,{}", lib.display()).into());
+            extra.push("-lummunotify".into());
         }
         Link::Static | Link::AsanStatic => {
             if matches!(link, Link::AsanStatic) {
-                cmd.args([
+                for f in [
                     "-fsanitize=address",
                     "-fno-omit-frame-pointer",
                     "-DUMN_UNDER_ASAN",
-                ]);
+                ] {
+                    extra.push(f.into());
+                }
             }
-            cmd.arg(lib.join("libummunotify.a")).args(STATIC_DEPS);
+            extra.push(lib.join("libummunotify.a").into());
+            extra.extend(STATIC_DEPS.iter().map(OsString::from));
         }
     }
-    let res = cmd.output().expect("run gcc (apt-get install gcc)");
-    assert!(
-        res.status.success(),
-        "gcc failed for {name} ({link:?}): {cmd:?}\n{}",
-        String::from_utf8_lossy(&res.stderr)
-    );
+    cprog::gcc(&crate_dir().join(format!("tests/c/{name}.c")), &out, extra);
     out
 }
 
-/// Runs `exe`; `Ok(false)` means it skipped (exit 77).
+/// Runs `exe` (120 s at most); false means it skipped (exit 77).
 pub fn run(exe: &Path, envs: &[(&str, &str)]) -> bool {
-    // `timeout` (coreutils) turns a hang into a failure instead of a stuck CI run.
-    let out = Command::new("timeout")
-        .args(["-k", "5", "120"])
-        .arg(exe)
-        .envs(envs.iter().copied())
-        .env(
-            "ASAN_OPTIONS",
-            "detect_leaks=1:abort_on_error=0:exitcode=99",
-        )
-        .output()
-        .expect("run test program");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    match out.status.code() {
-        Some(0) => {
-            print!("{stdout}");
-            true
-        }
-        Some(77) => {
-            let msg = format!("SKIP {}: {}", exe.display(), stdout.trim());
-            if std::env::var_os("UMN_REQUIRE_ALL").is_some_and(|v| v == "1") {
-                panic!("{msg} (UMN_REQUIRE_ALL=1 forbids skips)");
-            }
-            eprintln!("{msg}");
-            false
-        }
-        _ => panic!(
-            "{} failed: {:?}\n--- stdout\n{stdout}\n--- stderr\n{stderr}",
-            exe.display(),
-            out.status
-        ),
-    }
+    let mut all = vec![(
+        "ASAN_OPTIONS",
+        "detect_leaks=1:abort_on_error=0:exitcode=99",
+    )];
+    all.extend_from_slice(envs);
+    cprog::run(exe, 120, &all)
 }
 
 fn check_program(name: &str) {
@@ -205,17 +152,11 @@ fn pkg_config_after_install() {
     let flags = String::from_utf8(flags.stdout).unwrap();
     assert!(flags.contains("-lummunotify"), "{flags}");
     let exe = Path::new(env!("CARGO_TARGET_TMPDIR")).join("c-pkgconfig");
-    let mut cmd = Command::new("gcc");
-    cmd.args(["-std=gnu11", "-Wall", "-Werror"])
-        .arg(crate_dir().join("tests/c/errors.c"))
-        .arg("-o")
-        .arg(&exe)
-        .args(flags.split_whitespace());
-    let res = cmd.output().expect("run gcc");
-    assert!(
-        res.status.success(),
-        "{cmd:?}: {}",
-        String::from_utf8_lossy(&res.stderr)
+    // Only what pkg-config says, after the source: as a C project would build.
+    cprog::gcc(
+        &crate_dir().join("tests/c/errors.c"),
+        &exe,
+        flags.split_whitespace(),
     );
     let libdir = prefix.join("lib");
     run(&exe, &[("LD_LIBRARY_PATH", libdir.to_str().unwrap())]);

@@ -9,6 +9,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use ummunotify_testkit::cprog;
+
 fn crate_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
@@ -16,20 +18,7 @@ fn crate_dir() -> PathBuf {
 /// Builds the preload library (cargo does not rebuild a cdylib-only crate for integration tests)
 /// and returns it installed under its real name, `libummunotify-compat.so`.
 fn preload_lib() -> PathBuf {
-    let exe = std::env::current_exe().expect("current_exe");
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("test binary in <target>/<profile>/deps");
-    let mut cmd = Command::new(env!("CARGO"));
-    cmd.args(["build", "-p", "ummunotify-compat", "--lib"])
-        .arg("--target-dir")
-        .arg(dir.parent().expect("<target>"))
-        .current_dir(crate_dir());
-    if dir.file_name().is_some_and(|p| p == "release") {
-        cmd.arg("--release");
-    }
-    assert!(cmd.status().expect("cargo build").success());
+    let dir = cprog::build_lib("ummunotify-compat", &crate_dir());
     let lib = Path::new(env!("CARGO_TARGET_TMPDIR")).join("libummunotify-compat.so");
     std::fs::copy(dir.join("libummunotify_compat.so"), &lib).expect("copy preload library");
     lib
@@ -37,58 +26,20 @@ fn preload_lib() -> PathBuf {
 
 fn compile(name: &str, extra: &[&str]) -> PathBuf {
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
-    let mut cmd = Command::new("gcc");
-    cmd.args([
-        "-std=gnu11",
-        "-Wall",
-        "-Wextra",
-        "-Werror",
-        "-g",
-        "-pthread",
-    ])
-    .args(extra)
-    .arg(crate_dir().join("tests/c/abi2010.c"))
-    .arg("-o")
-    .arg(&out);
-    let res = cmd.output().expect("run gcc (apt-get install gcc)");
-    assert!(
-        res.status.success(),
-        "{cmd:?}\n{}",
-        String::from_utf8_lossy(&res.stderr)
-    );
+    cprog::gcc(&crate_dir().join("tests/c/abi2010.c"), &out, extra);
     out
 }
 
-/// Runs `exe` with `preload`; false when it skipped.
+/// Runs `exe` with `preload` (180 s at most); false when it skipped.
 fn run(exe: &Path, preload: &str) -> bool {
-    let out = Command::new("timeout")
-        .args(["-k", "5", "180"])
-        .arg(exe)
-        .env("LD_PRELOAD", preload)
-        .env("ASAN_OPTIONS", "detect_leaks=1:exitcode=99")
-        .output()
-        .expect("run abi2010");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    match out.status.code() {
-        Some(0) => {
-            print!("{stdout}");
-            true
-        }
-        Some(77) => {
-            let msg = format!("SKIP {}: {}", exe.display(), stdout.trim());
-            if std::env::var_os("UMN_REQUIRE_ALL").is_some_and(|v| v == "1") {
-                panic!("{msg} (UMN_REQUIRE_ALL=1 forbids skips)");
-            }
-            eprintln!("{msg}");
-            false
-        }
-        _ => panic!(
-            "{} under LD_PRELOAD={preload} failed: {:?}\n--- stdout\n{stdout}\n--- stderr\n{stderr}",
-            exe.display(),
-            out.status
-        ),
-    }
+    cprog::run(
+        exe,
+        180,
+        &[
+            ("LD_PRELOAD", preload),
+            ("ASAN_OPTIONS", "detect_leaks=1:exitcode=99"),
+        ],
+    )
 }
 
 #[test]

@@ -12,6 +12,7 @@
 //! * [`changes`]: the catalogue of mapping changes ([`changes::ChangeKind`]), the [`changes::Watcher`]
 //!   trait that drives the thing under test, and [`changes::run_case`], which applies one change and
 //!   judges the watcher with both oracles.
+//! * [`cprog`]: building and running the C test programs of the C crates.
 //! * [`require`]: how a missing kernel feature is reported (a loud SKIP, or a failure when
 //!   `UMN_REQUIRE_ALL=1`).
 //!
@@ -22,6 +23,7 @@
 #![warn(missing_docs)]
 
 pub mod changes;
+pub mod cprog;
 pub mod pagemap;
 pub mod require;
 pub mod uring;
