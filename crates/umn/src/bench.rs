@@ -11,6 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Barrier;
 use std::time::Instant;
 
+use ummunotify_testkit::changes::json_string;
+
 use ummunotify::cache::{Cache, Config};
 use ummunotify::registrar::NoopRegistrar;
 use ummunotify::{Cookie, Notifier};
@@ -390,10 +392,10 @@ pub fn to_json(rows: &[Row]) -> String {
         .map(|r| {
             format!(
                 "{{\"name\": {}, \"ns_per_op\": {:.2}, \"baseline\": {:.2}, \"baseline_name\": {}, \"ratio\": {:.3}}}",
-                umn::json::string(r.name),
+                json_string(r.name),
                 r.ns_per_op,
                 r.baseline,
-                umn::json::string(r.baseline_name),
+                json_string(r.baseline_name),
                 r.ratio
             )
         })

@@ -5,7 +5,7 @@ use std::process::Command;
 
 use ummunotify::{Cookie, Notifier};
 use ummunotify_testkit::changes::{
-    print_child_report, run_case, run_in_child, CaseReport, ChangeKind,
+    json_string, print_child_report, run_case, run_in_child, CaseReport, ChangeKind,
 };
 
 use crate::watch::NotifierWatcher;
@@ -70,10 +70,10 @@ pub fn to_json(backend: &str, rows: &[Row]) -> String {
                 Ok(rep) => rep.problems.clone(),
                 Err(e) => vec![e.to_string()],
             };
-            let problems: Vec<String> = problems.iter().map(|p| crate::json::string(p)).collect();
+            let problems: Vec<String> = problems.iter().map(|p| json_string(p)).collect();
             format!(
                 "{{\"kind\":{},\"detected\":{},\"stale_uses\":{},\"passed\":{},\"problems\":[{}]}}",
-                crate::json::string(r.kind.name()),
+                json_string(r.kind.name()),
                 r.detected(),
                 r.stale_uses(),
                 r.passed(),
@@ -83,7 +83,7 @@ pub fn to_json(backend: &str, rows: &[Row]) -> String {
         .collect();
     format!(
         "{{\"backend\":{},\"cases\":[{}]}}",
-        crate::json::string(backend),
+        json_string(backend),
         cases.join(",")
     )
 }

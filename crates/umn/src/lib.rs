@@ -9,5 +9,4 @@
 
 pub mod coverage;
 pub mod doctor;
-pub mod json;
 pub mod watch;

@@ -48,7 +48,8 @@ fn strings(items: &[String]) -> String {
     format!("[{}]", quoted.join(","))
 }
 
-fn quote(text: &str) -> String {
+/// `text` as a JSON string literal (quotes, backslashes and control characters escaped).
+pub fn quote(text: &str) -> String {
     let mut s = String::with_capacity(text.len() + 2);
     s.push('"');
     for c in text.chars() {
@@ -285,5 +286,14 @@ impl Parser<'_> {
             }
         }
         Err("unterminated string".into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn quote_escapes() {
+        assert_eq!(super::quote("a\"b\\c\n\u{1}"), "\"a\\\"b\\\\c\\n\\u0001\"");
+        assert_eq!(super::quote("\r\t"), "\"\\r\\t\"");
     }
 }
