@@ -335,6 +335,11 @@ impl Shared {
         self.monitor_tid.store(tid, SeqCst);
     }
 
+    /// The monitor's tid; 0 until its thread runs.
+    pub(crate) fn monitor_tid(&self) -> i32 {
+        self.monitor_tid.load(SeqCst)
+    }
+
     fn alive(&self) -> Result<()> {
         let c = self.counter().load(Acquire);
         if c & FORKED != 0 {
@@ -814,10 +819,10 @@ impl Notifier {
         self.shared.fail_next.store(true, SeqCst);
     }
 
-    /// The kernel thread id of the monitor (0 before it started), for diagnostics and tests
+    /// The kernel thread id of the monitor (running before `new` returned), for diagnostics and tests
     /// (for example, to check that it never allocates).
     pub fn monitor_tid(&self) -> i32 {
-        self.shared.monitor_tid.load(SeqCst)
+        self.shared.monitor_tid()
     }
 }
 

@@ -17,20 +17,45 @@ use crate::notifier::Shared;
 use crate::sys::{gettid, poll_readable, SignalsBlocked};
 
 /// Starts the monitor with every signal blocked (the mask is inherited at thread creation, so
-/// no signal can ever run a handler on it; the kernel routes process signals to other threads).
+/// no signal can ever run a handler on it; the kernel routes process signals to other threads),
+/// and returns only once the thread is running its loop.
+///
+/// # Ready when this returns
+/// A new thread maps memory when it *starts running*, not when it is spawned: Rust's runtime
+/// gives it an alternate signal stack (a guard page plus `max(SIGSTKSZ, AT_MINSIGSTKSZ)`, four
+/// pages on CPUs with AMX) just before the closure runs, and the kernel puts that mapping in the
+/// freshest hole, often the one the caller's first munmap just left. A notifier whose monitor
+/// was still starting when `new()` returned would plant it in a hole the caller is about to map
+/// again. So the closure first records its tid, then tells the spawner it runs, and `spawn`
+/// waits for that: every mapping the thread will make (its stack, TLS, signal stack) exists
+/// before the notifier is handed out. The monitor makes none afterwards (it never allocates).
 pub(crate) fn spawn(shared: Arc<Shared>) -> io::Result<JoinHandle<()>> {
     let _blocked = SignalsBlocked::new();
-    std::thread::Builder::new()
-        .name("ummunotify-mon".into())
-        .spawn(move || {
-            run(&shared);
-            // Before this thread exits (unmapping its stack, freeing its TLS): see `Uffd`.
-            shared.close_uffd();
-        })
+    let spawner = std::thread::current();
+    let handle = {
+        let shared = shared.clone();
+        std::thread::Builder::new()
+            .name("ummunotify-mon".into())
+            .spawn(move || {
+                // The tid doubles as the "running" flag the spawner waits for.
+                shared.set_monitor_tid(gettid());
+                spawner.unpark();
+                run(&shared);
+                // Before this thread exits (unmapping its stack, freeing its TLS): see `Uffd`.
+                shared.close_uffd();
+                // Dropped only now: the last reference to a thread handle frees it, and the
+                // event path never frees.
+                drop(spawner);
+            })?
+    };
+    // `park` may return spuriously, or at once for an earlier `unpark`: the tid decides.
+    while shared.monitor_tid() == 0 {
+        std::thread::park();
+    }
+    Ok(handle)
 }
 
 fn run(shared: &Shared) {
-    shared.set_monitor_tid(gettid());
     let mut msg = sys::UffdMsg::default();
     let mut dead = false;
     // The loop ends only when the notifier is dropped: exiting earlier would close the context
