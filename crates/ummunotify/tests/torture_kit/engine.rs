@@ -31,6 +31,71 @@ use ummunotify::{Cookie, Notifier, Region};
 use ummunotify_testkit::pagemap;
 use ummunotify_testkit::uring::UringMadvise;
 
+/// The last operations of each worker thread, kept where a core dump shows them: in gdb,
+/// `print torture::torture_kit::engine::TRACE` (or `signals::...`). Each entry is
+/// `[op, a, b, c]`, newest at `next - 1` (mod `TRACE_LEN`); `op` is one of the `OP_*` codes,
+/// with the change kind (`Change as u64`) in bits 8.. for `OP_CHANGE`.
+pub static TRACE: [Trace; MAX_WORKERS] = [const { Trace::new() }; MAX_WORKERS];
+pub const MAX_WORKERS: usize = 8;
+const TRACE_LEN: usize = 64;
+/// `[OP_IO, addr, len, 0]`: stamp and cache I/O.
+pub const OP_IO: u64 = 1;
+/// `[OP_CHANGE | kind << 8, buffer start, changed start, changed end]`, after the change.
+pub const OP_CHANGE: u64 = 2;
+/// `[OP_REGISTER, buffer start, 1 registered / 0 unregistered, cookie]`.
+pub const OP_REGISTER: u64 = 3;
+/// `[OP_HEAP, live blocks before, 0, 0]`.
+pub const OP_HEAP: u64 = 4;
+/// `[OP_THREAD | OP_FORK, 0, 0, 0]`, before.
+pub const OP_THREAD: u64 = 5;
+pub const OP_FORK: u64 = 6;
+
+/// One worker's ring of recent operations (see [`TRACE`]).
+pub struct Trace {
+    next: AtomicU64,
+    ops: [[AtomicU64; 4]; TRACE_LEN],
+}
+
+impl Trace {
+    const fn new() -> Trace {
+        Trace {
+            next: AtomicU64::new(0),
+            ops: [const { [const { AtomicU64::new(0) }; 4] }; TRACE_LEN],
+        }
+    }
+
+    fn record(&self, op: [u64; 4]) {
+        let i = self.next.fetch_add(1, Relaxed) as usize % TRACE_LEN;
+        for (slot, v) in self.ops[i].iter().zip(op) {
+            slot.store(v, Relaxed);
+        }
+    }
+
+    /// The ring, oldest first, as text (for a failure message).
+    pub fn dump(&self) -> String {
+        let next = self.next.load(Relaxed) as usize;
+        let first = next.saturating_sub(TRACE_LEN);
+        (first..next)
+            .map(|i| {
+                let e = &self.ops[i % TRACE_LEN];
+                let [op, a, b, c] = std::array::from_fn(|k| e[k].load(Relaxed));
+                let name = match op & 0xFF {
+                    OP_IO => "io".to_owned(),
+                    OP_CHANGE => ALL_CHANGES
+                        .get((op >> 8) as usize)
+                        .map_or("change?".to_owned(), |k| k.name().to_owned()),
+                    OP_REGISTER => "register".to_owned(),
+                    OP_HEAP => "heap".to_owned(),
+                    OP_THREAD => "thread".to_owned(),
+                    OP_FORK => "fork".to_owned(),
+                    _ => "?".to_owned(),
+                };
+                format!("  #{i} {name} {a:#x} {b:#x} {c:#x}\n")
+            })
+            .collect()
+    }
+}
+
 /// How a run is set up.
 #[derive(Clone, Debug)]
 pub struct Params {
@@ -42,6 +107,10 @@ pub struct Params {
     /// Use the testkit's `IORING_OP_MADVISE` ring (not under a signal storm: its wait gives up on
     /// `EINTR` and leaves the madvise in flight).
     pub uring_madvise: bool,
+    /// Called with the notifier the workers use once it exists (before any worker starts), and
+    /// with `None` after the workers stopped, before it is dropped: lets a test put memory of
+    /// its own on the same notifier (the signal storm's victim page).
+    pub on_notifier: Option<fn(Option<&Notifier>)>,
 }
 
 /// What a run did.
@@ -62,12 +131,27 @@ pub struct Totals {
     pub events: u64,
     /// Writes the kernel cancelled (ECANCELED) and the run retried.
     pub cancelled: u64,
+    /// How often each change kind ran, by name.
+    pub kinds: Vec<(&'static str, u64)>,
+    /// mremap moves the kernel refused part-way, after moving some VMAs (Linux 6.17+ moves
+    /// several VMAs in one call and stops at a userfaultfd-watched one).
+    pub partial_moves: u64,
     pub elapsed: Duration,
 }
 
 impl Totals {
     pub fn checks(&self) -> u64 {
         self.pfn_checks + self.byte_checks + self.token_checks + self.event_checks
+    }
+
+    /// The change kinds that never ran as themselves (`uring-madvise` only counts when the run
+    /// was asked to use io_uring's madvise).
+    pub fn kinds_never_run(&self, p: &Params) -> Vec<&'static str> {
+        self.kinds
+            .iter()
+            .filter(|&&(name, n)| n == 0 && (p.uring_madvise || name != "uring-madvise"))
+            .map(|&(name, _)| name)
+            .collect()
     }
 }
 
@@ -87,6 +171,11 @@ struct Counters {
     event_checks: AtomicU64,
     events: AtomicU64,
     cancelled: AtomicU64,
+    /// How often each change kind really ran (`Change as usize`): a kind that fell back to
+    /// another call (no io_uring madvise, no process_madvise) is not counted as itself.
+    kinds: [AtomicU64; KINDS],
+    /// mremap moves the kernel refused part-way (see `Worker::repair_partial_move`).
+    partial_moves: AtomicU64,
 }
 
 /// The io_uring registrar, recording the frames it pinned (the PFN oracle's reference).
@@ -136,12 +225,13 @@ struct World {
     last_fork: Mutex<Instant>,
 }
 
-/// Panics with the seed and where.
+/// Panics with the seed, where, and the thread's last operations.
 macro_rules! fail {
     ($w:expr, $t:expr, $($arg:tt)*) => {
         panic!(
-            "TORTURE FAILURE (reproduce with UMN_TORTURE_SEED={:#x}, thread {}): {}",
-            $w.p.seed, $t, format!($($arg)*)
+            "TORTURE FAILURE (reproduce with UMN_TORTURE_SEED={:#x}, thread {}): {}\n\
+             last operations of this thread, oldest first:\n{}",
+            $w.p.seed, $t, format!($($arg)*), TRACE[$t % MAX_WORKERS].dump()
         )
     };
 }
@@ -275,18 +365,50 @@ fn map_noreplace(addr: usize, len: usize, shared: Option<&File>) -> bool {
     p as usize == addr
 }
 
-/// The mapping (VMA) containing `addr`, from `/proc/self/maps`.
+/// Every mapping (VMA) of the process, from `/proc/self/maps`, in address order.
+fn vmas() -> Vec<Range<usize>> {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    maps.lines()
+        .filter_map(|l| {
+            let (r, _) = l.split_once(' ')?;
+            let (s, e) = r.split_once('-')?;
+            Some(usize::from_str_radix(s, 16).ok()?..usize::from_str_radix(e, 16).ok()?)
+        })
+        .collect()
+}
+
+/// The mapping (VMA) containing `addr`.
 fn vma_containing(addr: usize) -> Option<Range<usize>> {
-    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
-    maps.lines().find_map(|l| {
-        let (r, _) = l.split_once(' ')?;
-        let (s, e) = r.split_once('-')?;
-        let (s, e) = (
-            usize::from_str_radix(s, 16).ok()?,
-            usize::from_str_radix(e, 16).ok()?,
-        );
-        (s <= addr && addr < e).then_some(s..e)
-    })
+    vmas().into_iter().find(|v| v.contains(&addr))
+}
+
+/// The mappings overlapping `range`, clipped to it.
+fn vmas_in(range: Range<usize>) -> Vec<Range<usize>> {
+    vmas()
+        .into_iter()
+        .filter(|v| v.start < range.end && range.start < v.end)
+        .map(|v| v.start.max(range.start)..v.end.min(range.end))
+        .collect()
+}
+
+/// Maps fresh anonymous memory over every hole in `range` (a worker's own buffer). Returns the
+/// span from the first to the end of the last hole filled (empty: the range was whole).
+fn refill_holes(range: Range<usize>) -> Range<usize> {
+    let mut cur = range.start;
+    let mut changed = range.start..range.start;
+    let mut vmas = vmas_in(range.clone());
+    vmas.push(range.end..range.end);
+    for v in vmas {
+        if v.start > cur {
+            assert!(map_noreplace(cur, v.start - cur, None), "refill {cur:#x}");
+            if changed.is_empty() {
+                changed.start = cur;
+            }
+            changed.end = v.start;
+        }
+        cur = cur.max(v.end);
+    }
+    changed
 }
 
 fn memfd(len: usize) -> File {
@@ -325,7 +447,8 @@ struct User {
     hits: u32,
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(usize)]
 enum Change {
     LibcMunmap,
     SyscallMunmap,
@@ -340,6 +463,44 @@ enum Change {
     ProcessMadvise,
     UringMadvise,
     Mprotect,
+}
+
+/// Every change kind, in `Change as usize` order (for the per-kind counts).
+const ALL_CHANGES: &[Change] = &[
+    Change::LibcMunmap,
+    Change::SyscallMunmap,
+    Change::MapFixedOver,
+    Change::PartialMunmap,
+    Change::MremapMove,
+    Change::MremapShrink,
+    Change::MremapDontunmap,
+    Change::MadvDontneed,
+    Change::MadvFree,
+    Change::MadvRemove,
+    Change::ProcessMadvise,
+    Change::UringMadvise,
+    Change::Mprotect,
+];
+const KINDS: usize = 13;
+
+impl Change {
+    fn name(self) -> &'static str {
+        match self {
+            Change::LibcMunmap => "libc-munmap",
+            Change::SyscallMunmap => "syscall-munmap",
+            Change::MapFixedOver => "map-fixed-over",
+            Change::PartialMunmap => "partial-munmap",
+            Change::MremapMove => "mremap-move",
+            Change::MremapShrink => "mremap-shrink",
+            Change::MremapDontunmap => "mremap-dontunmap",
+            Change::MadvDontneed => "madv-dontneed",
+            Change::MadvFree => "madv-free",
+            Change::MadvRemove => "madv-remove",
+            Change::ProcessMadvise => "process-madvise",
+            Change::UringMadvise => "uring-madvise",
+            Change::Mprotect => "mprotect",
+        }
+    }
 }
 
 const ANON_CHANGES: &[Change] = &[
@@ -403,8 +564,13 @@ impl Worker<'_> {
         let i = self.rng.below(BUFS as u64) as usize;
         let (a, l) = self.sub_range(i);
         let s = self.next_stamp();
+        self.trace([OP_IO, a as u64, l as u64, 0]);
         stamp(a, l, s);
         self.w.io_check(self.t, &self.file, a, l);
+    }
+
+    fn trace(&self, op: [u64; 4]) {
+        TRACE[self.t % MAX_WORKERS].record(op);
     }
 
     /// Unregisters a user region after the lost-event check: every hit shows up as at least one
@@ -432,6 +598,13 @@ impl Worker<'_> {
 
     fn op_register(&mut self) {
         let i = self.rng.below(BUFS as u64) as usize;
+        let registered = u64::from(self.bufs[i].user.is_none());
+        self.trace([
+            OP_REGISTER,
+            self.bufs[i].addr as u64,
+            registered,
+            self.next_cookie,
+        ]);
         if let Some(u) = self.bufs[i].user.take() {
             self.unregister_user(u);
         } else {
@@ -460,22 +633,26 @@ impl Worker<'_> {
             Change::LibcMunmap => {
                 unmap(a, len);
                 assert!(map_noreplace(a, len, shmem));
+                self.ran(ch);
                 r
             }
             Change::SyscallMunmap => {
                 // SAFETY: the worker's own buffer.
                 assert_eq!(unsafe { libc::syscall(libc::SYS_munmap, a, len) }, 0);
                 assert!(map_noreplace(a, len, None));
+                self.ran(ch);
                 r
             }
             Change::MapFixedOver => {
                 map_fixed(a, len);
+                self.ran(ch);
                 r
             }
             Change::PartialMunmap => {
                 let p = a + self.rng.below(self.bufs[i].pages as u64) as usize * pg;
                 unmap(p, pg);
                 assert!(map_noreplace(p, pg, None));
+                self.ran(ch);
                 p..p + pg
             }
             Change::MremapMove | Change::MremapShrink | Change::MremapDontunmap => {
@@ -495,9 +672,12 @@ impl Worker<'_> {
                     // SAFETY: shrinks part of the worker's own buffer in place.
                     let m = unsafe { libc::mremap(vs as *mut libc::c_void, vlen, pg, 0) };
                     if m as usize != vs {
-                        return a..a; // raced with a watch splitting the VMA: nothing changed
+                        // Raced with a watch splitting or merging the VMA. Whatever the kernel
+                        // did, the buffer must be whole again before anyone stamps it.
+                        return refill_holes(vs + pg..ve);
                     }
                     assert!(map_noreplace(vs + pg, vlen - pg, None));
+                    self.ran(ch);
                     return vs + pg..ve;
                 }
                 let mut flags = libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED;
@@ -515,24 +695,32 @@ impl Worker<'_> {
                     )
                 };
                 if m as usize != to {
-                    return a..a; // raced with a watch splitting the VMA: nothing changed
+                    // The range spanned several VMAs (a watch split it after we looked): since
+                    // Linux 6.17 mremap moves such a range VMA by VMA and stops with EFAULT at
+                    // one it may not move (a userfaultfd-watched one), *keeping* the moves
+                    // already made. Not "nothing changed": put the buffer back together.
+                    return self.repair_partial_move(vs, ve, to);
                 }
                 if let Change::MremapMove = ch {
                     assert!(map_noreplace(vs, vlen, None));
                 }
                 unmap(to, vlen);
+                self.ran(ch);
                 vs..ve
             }
             Change::MadvDontneed => {
                 madv(a, len, libc::MADV_DONTNEED);
+                self.ran(ch);
                 r
             }
             Change::MadvFree => {
                 madv(a, len, libc::MADV_FREE);
+                self.ran(ch);
                 r
             }
             Change::MadvRemove => {
                 madv(a, len, libc::MADV_REMOVE);
+                self.ran(ch);
                 r
             }
             Change::ProcessMadvise => {
@@ -553,6 +741,9 @@ impl Worker<'_> {
                 };
                 if n < 0 {
                     madv(a, len, libc::MADV_DONTNEED);
+                    self.ran(Change::MadvDontneed);
+                } else {
+                    self.ran(ch);
                 }
                 r
             }
@@ -562,8 +753,11 @@ impl Worker<'_> {
                     .as_mut()
                     .map(|u| u.madvise(a, len, libc::MADV_DONTNEED))
                 {
-                    Some(Ok(())) => {}
-                    _ => madv(a, len, libc::MADV_DONTNEED),
+                    Some(Ok(())) => self.ran(ch),
+                    _ => {
+                        madv(a, len, libc::MADV_DONTNEED);
+                        self.ran(Change::MadvDontneed);
+                    }
                 }
                 r
             }
@@ -577,9 +771,34 @@ impl Worker<'_> {
                         libc::PROT_READ | libc::PROT_WRITE,
                     );
                 }
+                self.ran(ch);
                 a..a
             }
         }
+    }
+
+    /// Counts a change kind that really ran.
+    fn ran(&self, ch: Change) {
+        self.w.c.kinds[ch as usize].fetch_add(1, Relaxed);
+    }
+
+    /// After a refused mremap move of `[vs, ve)` to `to`: whatever moved is taken back out of
+    /// the destination and the source gets fresh memory where it lost pages. Returns the span
+    /// whose mapping changed (the VMAs that moved come first, in address order).
+    fn repair_partial_move(&mut self, vs: usize, ve: usize, to: usize) -> Range<usize> {
+        let moved = vmas_in(to..to + (ve - vs))
+            .iter()
+            .map(|v| v.end - to)
+            .max()
+            .unwrap_or(0);
+        if moved == 0 {
+            return vs..vs;
+        }
+        self.w.c.partial_moves.fetch_add(1, Relaxed);
+        unmap(to, ve - vs);
+        // A plain move left holes at the source (MREMAP_DONTUNMAP left it mapped, emptied).
+        refill_holes(vs..vs + moved);
+        vs..vs + moved
     }
 
     fn op_change(&mut self) {
@@ -605,6 +824,12 @@ impl Worker<'_> {
             None
         };
         let changed = self.apply(i, ch);
+        self.trace([
+            OP_CHANGE | (ch as u64) << 8,
+            self.bufs[i].addr as u64,
+            changed.start as u64,
+            changed.end as u64,
+        ]);
         let hit = !changed.is_empty();
         if let (Some(r), true) = (before, hit) {
             if was_valid && n.is_valid(r) {
@@ -643,6 +868,7 @@ impl Worker<'_> {
     }
 
     fn op_heap(&mut self) {
+        self.trace([OP_HEAP, self.heap.len() as u64, 0, 0]);
         let pg = page();
         let c = self.rng.below(10);
         // At most 16 live blocks per worker, so memory stays flat however long the run.
@@ -690,6 +916,7 @@ impl Worker<'_> {
     }
 
     fn op_thread(&mut self) {
+        self.trace([OP_THREAD, 0, 0, 0]);
         let w = self.w;
         let t = self.t;
         let seed = self.rng.next_u64();
@@ -743,6 +970,7 @@ impl Worker<'_> {
             }
             *last = Instant::now();
         }
+        self.trace([OP_FORK, 0, 0, 0]);
         let n = self.w.cache.notifier();
         let parent_region = self
             .bufs
@@ -921,6 +1149,9 @@ pub fn run(p: Params) -> Totals {
         ledger: Mutex::new(HashMap::new()),
         last_fork: Mutex::new(Instant::now()),
     };
+    if let Some(hook) = p.on_notifier {
+        hook(Some(world.cache.notifier()));
+    }
     let pg = page();
     let start = Instant::now();
     std::thread::scope(|s| {
@@ -976,6 +1207,9 @@ pub fn run(p: Params) -> Totals {
         std::thread::sleep(p.duration);
         world.stop.store(true, SeqCst);
     });
+    if let Some(hook) = p.on_notifier {
+        hook(None);
+    }
     drop(world.collect());
     let c = &world.c;
     let l = |a: &AtomicU64| a.load(SeqCst);
@@ -998,6 +1232,11 @@ pub fn run(p: Params) -> Totals {
         event_checks: l(&c.event_checks),
         events: l(&c.events),
         cancelled: l(&c.cancelled),
+        kinds: ALL_CHANGES
+            .iter()
+            .map(|&k| (k.name(), l(&c.kinds[k as usize])))
+            .collect(),
+        partial_moves: l(&c.partial_moves),
         elapsed: start.elapsed(),
     }
 }
@@ -1030,5 +1269,11 @@ pub fn report(what: &str, p: &Params, t: &Totals) {
         t.events,
         t.cancelled,
         status_kib("VmHWM"),
+    );
+    let kinds: Vec<String> = t.kinds.iter().map(|(k, n)| format!("{k} {n}")).collect();
+    eprintln!(
+        "{what}: changes by kind: {}; mremap moves refused part-way and repaired: {}",
+        kinds.join(", "),
+        t.partial_moves
     );
 }

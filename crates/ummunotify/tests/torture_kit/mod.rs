@@ -65,9 +65,17 @@ pub fn seed(var: &str) -> u64 {
             t.as_nanos() as u64 ^ ((std::process::id() as u64) << 32)
         }
     };
-    eprintln!("seed: {var}={seed:#x}");
+    // Straight to fd 2, before anything runs: the test harness captures `eprintln!`, and a run
+    // that dies by a signal never prints what it captured.
+    let line = format!("seed: {var}={seed:#x}\n");
+    // SAFETY: writes a live buffer of the given length to stderr.
+    unsafe { libc::write(2, line.as_ptr().cast(), line.len()) };
+    SEED.store(seed, std::sync::atomic::Ordering::SeqCst);
     seed
 }
+
+/// The seed of the running test, where a core dump shows it (`print torture_kit::SEED`).
+pub static SEED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// A `u64` from the environment, or `default`.
 pub fn env_u64(var: &str, default: u64) -> u64 {
