@@ -5,7 +5,7 @@ use std::process::Command;
 
 use ummunotify::{Cookie, Notifier};
 use ummunotify_testkit::changes::{
-    json_string, print_child_report, run_case, run_in_child, CaseReport, ChangeKind,
+    case_json, json_string, print_child_report, run_case, run_in_child, CaseReport, ChangeKind,
 };
 
 use crate::watch::NotifierWatcher;
@@ -27,22 +27,56 @@ pub fn child_main(kind: ChangeKind) {
 pub struct Row {
     /// The change kind.
     pub kind: ChangeKind,
-    /// The report, or why the case could not run.
-    pub report: io::Result<CaseReport>,
+    /// The report. A case that could not run at all (a missing kernel feature, a child that
+    /// crashed) is an inconclusive report whose reason says why: never "not detected".
+    pub report: CaseReport,
 }
 
 impl Row {
+    fn new(kind: ChangeKind, result: io::Result<CaseReport>) -> Row {
+        let report = result.unwrap_or_else(|e| {
+            let mut r = CaseReport::new(kind, kind.userfaultfd_reports());
+            r.inconclusive = Some(format!("could not run: {e}"));
+            r
+        });
+        Row { kind, report }
+    }
+
     /// Detected as the catalogue expects (for an untouched neighbour: correctly silent).
-    pub fn detected(&self) -> bool {
-        self.report.as_ref().is_ok_and(|r| r.detected)
+    /// `None` for an inconclusive case: it has no verdict.
+    pub fn detected(&self) -> Option<bool> {
+        match self.report.inconclusive {
+            Some(_) => None,
+            None => Some(self.report.detected),
+        }
     }
     /// Checks that passed although memory had changed.
     pub fn stale_uses(&self) -> u32 {
-        self.report.as_ref().map_or(0, |r| r.stale_uses)
+        self.report.stale_uses
     }
-    /// Whether the case passed every assertion of the catalogue.
-    pub fn passed(&self) -> bool {
-        self.report.as_ref().is_ok_and(|r| r.passed())
+    /// What counts against the notifier: a kind it is expected to see, missed or used stale,
+    /// or any problem in the case.
+    pub fn failed(&self) -> bool {
+        !self.report.problems.is_empty()
+            || self.report.missed_expected()
+            || (self.report.expected && self.report.stale_uses > 0)
+    }
+    /// Whether the case could not run to a verdict.
+    pub fn inconclusive(&self) -> bool {
+        self.report.inconclusive.is_some()
+    }
+}
+
+/// The exit status `umn coverage` gives for `rows`: 0 when every case ran and every expected
+/// kind was detected with no stale use, 1 for a miss, a stale use or a problem, 3 when nothing
+/// failed but some case was inconclusive (the run says nothing about it: run it again).
+pub fn exit_status(rows: &[Row]) -> u8 {
+    if rows.iter().any(Row::failed) {
+        1
+    } else if rows.iter().any(Row::inconclusive) {
+        3
+    } else {
+        0
     }
 }
 
@@ -53,34 +87,16 @@ pub fn run_all(exe: &std::path::Path) -> Vec<Row> {
         .map(|&kind| {
             let mut cmd = Command::new(exe);
             cmd.arg(CHILD_SUBCOMMAND);
-            Row {
-                kind,
-                report: run_in_child(kind, cmd),
-            }
+            Row::new(kind, run_in_child(kind, cmd))
         })
         .collect()
 }
 
-/// The `--json` form: `{"backend": ..., "cases": [{"kind", "detected", "stale_uses", ...}]}`.
+/// The `--json` form: `{"backend": ..., "cases": [{"kind", "detected", "expected", "stale_uses",
+/// "inconclusive", "problems", ...}]}`: each case is the testkit's report
+/// (`ummunotify_testkit::changes::case_json`), `detected` `null` for an inconclusive one.
 pub fn to_json(backend: &str, rows: &[Row]) -> String {
-    let cases: Vec<String> = rows
-        .iter()
-        .map(|r| {
-            let problems = match &r.report {
-                Ok(rep) => rep.problems.clone(),
-                Err(e) => vec![e.to_string()],
-            };
-            let problems: Vec<String> = problems.iter().map(|p| json_string(p)).collect();
-            format!(
-                "{{\"kind\":{},\"detected\":{},\"stale_uses\":{},\"passed\":{},\"problems\":[{}]}}",
-                json_string(r.kind.name()),
-                r.detected(),
-                r.stale_uses(),
-                r.passed(),
-                problems.join(",")
-            )
-        })
-        .collect();
+    let cases: Vec<String> = rows.iter().map(|r| case_json(&r.report)).collect();
     format!(
         "{{\"backend\":{},\"cases\":[{}]}}",
         json_string(backend),
@@ -88,24 +104,55 @@ pub fn to_json(backend: &str, rows: &[Row]) -> String {
     )
 }
 
-/// The human form: a table.
+/// The human form: a table, then one line saying what the run means.
 pub fn to_table(backend: &str, rows: &[Row]) -> String {
     let mut out = format!(
-        "backend: {backend}\n{:<22} {:<9} {:<11} notes\n",
-        "kind", "detected", "stale uses"
+        "backend: {backend}\n{:<22} {:<12} {:<9} {:<6} {:<11} notes\n",
+        "kind", "detected", "expected", "stale", "oracle"
     );
     for r in rows {
-        let note = match &r.report {
-            Ok(rep) if rep.passed() => rep.notes.join("; "),
-            Ok(rep) => rep.problems.join("; "),
-            Err(e) => format!("could not run: {e}"),
+        let rep = &r.report;
+        let note = match (&rep.inconclusive, rep.problems.is_empty()) {
+            (Some(reason), _) => reason.clone(),
+            (None, true) => rep.notes.join("; "),
+            (None, false) => rep.problems.join("; "),
+        };
+        let detected = match r.detected() {
+            None => "inconclusive",
+            Some(true) => "yes",
+            Some(false) if rep.expected => "NO",
+            Some(false) => "no (missed)",
         };
         out.push_str(&format!(
-            "{:<22} {:<9} {:<11} {}\n",
+            "{:<22} {:<12} {:<9} {:<6} {:<11} {}\n",
             r.kind.name(),
-            if r.detected() { "yes" } else { "NO" },
+            detected,
+            if rep.expected { "yes" } else { "no" },
             r.stale_uses(),
+            rep.oracle,
             note
+        ));
+    }
+    let missed: Vec<&str> = rows
+        .iter()
+        .filter(|r| !r.report.expected && r.detected() == Some(false))
+        .map(|r| r.kind.name())
+        .collect();
+    let inconclusive = rows.iter().filter(|r| r.inconclusive()).count();
+    let failed = rows.iter().filter(|r| r.failed()).count();
+    out.push_str(&format!(
+        "\n{} of {} kinds this backend is expected to see: detected with no stale use; \
+         {failed} failed; {inconclusive} inconclusive (could not run: not a verdict).\n",
+        rows.iter()
+            .filter(|r| r.report.expected && !r.failed() && !r.inconclusive())
+            .count(),
+        rows.iter().filter(|r| r.report.expected).count(),
+    ));
+    if !missed.is_empty() {
+        out.push_str(&format!(
+            "Not seen by this backend (the kernel sends it nothing), so a registration over \
+             such memory stays valid: {}.\n",
+            missed.join(", ")
         ));
     }
     out

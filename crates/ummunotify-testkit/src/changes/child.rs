@@ -20,7 +20,7 @@
 //!     let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
 //!     cmd.args(["child_entry", "--exact", "--nocapture", "--test-threads=1"]);
 //!     let report = run_in_child(ChangeKind::BrkShrink, cmd).unwrap();
-//!     assert!(report.oracle_changed);
+//!     assert_eq!(report.oracle_changed, Some(true));
 //! }
 //! ```
 

@@ -1,8 +1,10 @@
 //! [`CaseReport`] as JSON, hand-written (no serde), so a child process can hand its report over.
 //!
-//! Shape: `{"kind":"libc-munmap","detected":false,"stale_uses":2,"expected_event":true,
+//! Shape: `{"kind":"libc-munmap","detected":false,"expected":true,"stale_uses":2,
+//! "inconclusive":false,"reason":null,"oracle":"pfn+device","expected_event":true,
 //! "events":[{"start":4096,"end":8192,"hint":true}],"counter_moved":false,"oracle_changed":true,
-//! "device_bytes_stale":true,"pinned":true,"problems":["…"],"notes":[]}`.
+//! "device_bytes_stale":true,"pinned":true,"problems":["…"],"notes":[]}`. `detected` is `null`
+//! for an inconclusive case; `oracle_changed` is `null` where PFNs are hidden.
 
 use std::fmt::Write as _;
 use std::io;
@@ -13,12 +15,24 @@ use super::{CaseReport, ChangeKind};
 pub fn case_json(report: &CaseReport) -> String {
     let mut s = String::new();
     let opt = |b: Option<bool>| b.map_or("null".to_owned(), |b| b.to_string());
+    // `detected` is a verdict only for a case that ran.
+    let detected = match report.inconclusive {
+        Some(_) => "null".to_owned(),
+        None => report.detected.to_string(),
+    };
+    let reason = report
+        .inconclusive
+        .as_deref()
+        .map_or("null".to_owned(), quote);
     let _ = write!(
         s,
-        "{{\"kind\":{},\"detected\":{},\"stale_uses\":{},\"expected_event\":{},\"events\":[",
+        "{{\"kind\":{},\"detected\":{detected},\"expected\":{},\"stale_uses\":{},\
+         \"inconclusive\":{},\"reason\":{reason},\"oracle\":{},\"expected_event\":{},\"events\":[",
         quote(report.kind.name()),
-        report.detected,
+        report.expected,
         report.stale_uses,
+        report.inconclusive.is_some(),
+        quote(&report.oracle),
         report.expected_event
     );
     for (i, (range, hint)) in report.events.iter().enumerate() {
@@ -34,7 +48,7 @@ pub fn case_json(report: &CaseReport) -> String {
         "],\"counter_moved\":{},\"oracle_changed\":{},\"device_bytes_stale\":{},\"pinned\":{},\
          \"problems\":{},\"notes\":{}}}",
         report.counter_moved,
-        report.oracle_changed,
+        opt(report.oracle_changed),
         opt(report.device_bytes_stale),
         report.pinned,
         strings(&report.problems),
@@ -135,21 +149,33 @@ pub fn parse_case_json(text: &str) -> io::Result<CaseReport> {
         };
         events.push((start..end, *hint));
     }
-    let device_bytes_stale = match get("device_bytes_stale")? {
-        Value::Null => None,
-        Value::Bool(b) => Some(*b),
-        _ => return Err(bad("device_bytes_stale is not a boolean or null")),
+    let maybe = |key: &str| match get(key)? {
+        Value::Null => Ok(None),
+        Value::Bool(b) => Ok(Some(*b)),
+        _ => Err(bad(&format!("{key} is not a boolean or null"))),
+    };
+    let inconclusive = match get("reason")? {
+        Value::Str(r) if boolean("inconclusive")? => Some(r.clone()),
+        Value::Null if !boolean("inconclusive")? => None,
+        _ => return Err(bad("inconclusive and reason disagree")),
+    };
+    let oracle = match get("oracle")? {
+        Value::Str(o) => o.clone(),
+        _ => return Err(bad("oracle is not a string")),
     };
     Ok(CaseReport {
         kind,
-        detected: boolean("detected")?,
+        detected: maybe("detected")?.unwrap_or(false),
+        expected: boolean("expected")?,
+        inconclusive,
+        oracle,
         stale_uses: u32::try_from(number(get("stale_uses")?, "stale_uses")?)
             .map_err(|_| bad("stale_uses out of range"))?,
         expected_event: boolean("expected_event")?,
         events,
         counter_moved: boolean("counter_moved")?,
-        oracle_changed: boolean("oracle_changed")?,
-        device_bytes_stale,
+        oracle_changed: maybe("oracle_changed")?,
+        device_bytes_stale: maybe("device_bytes_stale")?,
         pinned: boolean("pinned")?,
         problems: string_list("problems")?,
         notes: string_list("notes")?,

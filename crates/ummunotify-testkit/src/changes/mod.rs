@@ -24,7 +24,7 @@ pub use child::{
 };
 pub use json::{case_json, parse_case_json, quote as json_string};
 pub use report::CaseReport;
-pub use run::run_case;
+pub use run::{run_case, TRIES};
 pub use watcher::{NaiveWatcher, Watcher};
 
 use std::fmt;
@@ -33,6 +33,12 @@ use std::fmt;
 pub const MADV_DONTNEED_LOCKED: libc::c_int = 24;
 /// `MREMAP_DONTUNMAP` (Linux 5.7): move the pages, leave the old range mapped but empty.
 pub const MREMAP_DONTUNMAP: libc::c_int = 4;
+/// `MADV_COLLAPSE` (Linux 6.1): collapse the range into transparent huge pages (new frames).
+pub const MADV_COLLAPSE: libc::c_int = 25;
+/// `MADV_GUARD_INSTALL` (Linux 6.13): zap the pages and make any access fault.
+pub const MADV_GUARD_INSTALL: libc::c_int = 102;
+/// `MADV_GUARD_REMOVE` (Linux 6.13): remove guard markers (the pages come back empty).
+pub const MADV_GUARD_REMOVE: libc::c_int = 103;
 /// System call number of `process_madvise(2)` on this architecture.
 pub const SYS_PROCESS_MADVISE: libc::c_long = libc::SYS_process_madvise;
 /// System call number of `pidfd_open(2)` on this architecture.
@@ -82,6 +88,21 @@ pub enum ChangeKind {
     /// `munmap` of the pages right after the region (6..8 of 12; region 2..6): nothing may be
     /// reported. "Detected" means correctly silent: still valid, no event.
     UntouchedNeighbour,
+    /// `shmdt` of a SysV shared-memory segment (userfaultfd sends no event for it).
+    Shmdt,
+    /// `madvise(MADV_GUARD_INSTALL)`: the pages are zapped and guard markers installed
+    /// (userfaultfd sends no event). The refill removes the guards first.
+    MadvGuardInstall,
+    /// `madvise(MADV_COLLAPSE)` over a 2 MiB-aligned mapping: the small pages are copied into a
+    /// new huge page (new frames; userfaultfd sends no event). Pinned pages can not be
+    /// collapsed, so this case is judged by PFNs alone, unpinned.
+    MadvCollapse,
+    /// `fallocate(PUNCH_HOLE)` on the memfd behind a shared mapping: the pages are zapped
+    /// (userfaultfd sends no event).
+    PunchHole,
+    /// `ftruncate` to 0 of the memfd behind a shared mapping (the refill restores the size): the
+    /// pages are zapped (userfaultfd sends no event).
+    FtruncateShared,
 }
 
 impl ChangeKind {
@@ -104,6 +125,11 @@ impl ChangeKind {
         ChangeKind::FreeMallocBlock,
         ChangeKind::PartialOverlap,
         ChangeKind::UntouchedNeighbour,
+        ChangeKind::Shmdt,
+        ChangeKind::MadvGuardInstall,
+        ChangeKind::MadvCollapse,
+        ChangeKind::PunchHole,
+        ChangeKind::FtruncateShared,
     ];
 
     /// The stable kebab-case name, e.g. `"libc-munmap"`.
@@ -126,6 +152,11 @@ impl ChangeKind {
             ChangeKind::FreeMallocBlock => "free-malloc-block",
             ChangeKind::PartialOverlap => "partial-overlap",
             ChangeKind::UntouchedNeighbour => "untouched-neighbour",
+            ChangeKind::Shmdt => "shmdt",
+            ChangeKind::MadvGuardInstall => "madv-guard-install",
+            ChangeKind::MadvCollapse => "madv-collapse",
+            ChangeKind::PunchHole => "punch-hole",
+            ChangeKind::FtruncateShared => "ftruncate-shared",
         }
     }
 
@@ -153,6 +184,27 @@ impl ChangeKind {
     /// Whether a correct watcher must report an event (all kinds but the control case).
     pub const fn expects_event(self) -> bool {
         !matches!(self, ChangeKind::UntouchedNeighbour)
+    }
+
+    /// Whether the kernel sends userfaultfd an event for this kind (KERNEL-FACTS: none for
+    /// `shmdt`, `MADV_GUARD_INSTALL`, `MADV_COLLAPSE`, hole punching and truncation of a shared
+    /// file mapping). A watcher built on userfaultfd alone can not see the others: they stay in
+    /// the table as missed, with `expected: false`.
+    pub const fn userfaultfd_reports(self) -> bool {
+        !matches!(
+            self,
+            ChangeKind::Shmdt
+                | ChangeKind::MadvGuardInstall
+                | ChangeKind::MadvCollapse
+                | ChangeKind::PunchHole
+                | ChangeKind::FtruncateShared
+        )
+    }
+
+    /// Whether the case pins its range with an io_uring fixed buffer (the device oracle).
+    /// False for [`ChangeKind::MadvCollapse`]: the kernel does not collapse pinned pages.
+    pub const fn pins(self) -> bool {
+        !matches!(self, ChangeKind::MadvCollapse)
     }
 }
 

@@ -9,7 +9,8 @@ use std::path::PathBuf;
 
 use super::mapping::{check, fill, map_anon, map_rw, Owned};
 use super::{
-    ChangeKind, MADV_DONTNEED_LOCKED, MREMAP_DONTUNMAP, SYS_PIDFD_OPEN, SYS_PROCESS_MADVISE,
+    ChangeKind, MADV_COLLAPSE, MADV_DONTNEED_LOCKED, MADV_GUARD_INSTALL, MADV_GUARD_REMOVE,
+    MREMAP_DONTUNMAP, SYS_PIDFD_OPEN, SYS_PROCESS_MADVISE,
 };
 use crate::pagemap::page_size;
 use crate::require::MissingFeature;
@@ -22,8 +23,55 @@ pub(super) const NEW_BYTE: u8 = b'B';
 /// Size of the malloc block of [`ChangeKind::FreeMallocBlock`]: above glibc's largest dynamic
 /// mmap threshold (32 MiB on 64-bit), so `malloc` always `mmap`s it and `free` always unmaps it.
 const MALLOC_BLOCK: usize = 40 << 20;
-/// glibc's chunk header bit for "this chunk was mmapped".
-const CHUNK_IS_MMAPPED: usize = 0x2;
+/// `mallopt` parameter: the mmap threshold (setting it also turns glibc's dynamic threshold off).
+const M_MMAP_THRESHOLD: libc::c_int = -3;
+/// Huge-page size (x86-64 and the 4 KiB-page AArch64 kernels).
+const HUGE: usize = 2 << 20;
+
+/// The case's address was taken by a mapping it did not make: not a verdict on the watcher.
+#[derive(Debug)]
+pub(crate) struct AddressTaken {
+    /// What the case tried to map again.
+    pub(crate) span: Range<usize>,
+    /// The `/proc/self/maps` lines of the mappings found there.
+    pub(crate) intruders: Vec<String>,
+}
+
+impl std::fmt::Display for AddressTaken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "could not map new memory at the old address {:#x}: taken by a mapping the case did \
+             not make: {}",
+            self.span.start,
+            if self.intruders.is_empty() {
+                "(gone by the time /proc/self/maps was read)".to_owned()
+            } else {
+                self.intruders.join(" | ")
+            }
+        )
+    }
+}
+
+impl std::error::Error for AddressTaken {}
+
+/// The `/proc/self/maps` lines overlapping `span`.
+fn maps_lines(span: &Range<usize>) -> Vec<String> {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    maps.lines()
+        .filter(|l| {
+            let Some((s, e)) = l.split(' ').next().and_then(|r| r.split_once('-')) else {
+                return false;
+            };
+            let (Ok(s), Ok(e)) = (usize::from_str_radix(s, 16), usize::from_str_radix(e, 16))
+            else {
+                return false;
+            };
+            s < span.end && span.start < e
+        })
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect()
+}
 
 /// The program break a [`ChangeKind::BrkShrink`] case moved.
 #[derive(Debug)]
@@ -44,6 +92,8 @@ pub(super) struct Scenario {
     pub(super) expected: Option<Range<usize>>,
     /// Remarks for the report.
     pub(super) notes: Vec<String>,
+    /// Failures found while setting up (the case runs, and fails).
+    pub(super) problems: Vec<String>,
     owned: Owned,
     /// Spans the change unmapped and the refill maps again.
     unmapped: Vec<Range<usize>>,
@@ -108,6 +158,35 @@ fn tmp_file(len: usize) -> io::Result<(File, PathBuf)> {
     Ok((file, path))
 }
 
+/// A `len`-byte memfd (shmem: its pages can be pinned, punched and truncated).
+fn memfd(len: usize) -> io::Result<File> {
+    // SAFETY: the name is a NUL-terminated literal.
+    let fd = unsafe { libc::memfd_create(c"umn-testkit".as_ptr(), libc::MFD_CLOEXEC) };
+    check(fd.into()).map_err(|e| feature(e, "memfd_create"))?;
+    // SAFETY: memfd_create returned a fresh descriptor owned by nobody else.
+    let file = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    file.set_len(len as u64)?;
+    Ok(file)
+}
+
+/// Attaches a new private SysV shared-memory segment of `len` bytes, already marked for
+/// removal (it goes away with its last detach).
+fn shm_attach(len: usize) -> io::Result<usize> {
+    // SAFETY: shmget takes integers only.
+    let id = unsafe { libc::shmget(libc::IPC_PRIVATE, len, libc::IPC_CREAT | 0o600) };
+    check(id.into()).map_err(|e| feature(e, "SysV shared memory (shmget)"))?;
+    // SAFETY: attaches the segment just created wherever the kernel likes.
+    let p = unsafe { libc::shmat(id, std::ptr::null(), 0) };
+    let attached = p as isize != -1;
+    let err = io::Error::last_os_error();
+    // SAFETY: marks our own segment for removal; no buffer is passed.
+    unsafe { libc::shmctl(id, libc::IPC_RMID, std::ptr::null_mut()) };
+    if !attached {
+        return Err(err);
+    }
+    Ok(p as usize)
+}
+
 /// Maps an EINVAL/ENOSYS/EOPNOTSUPP from a newer interface to a [`MissingFeature`].
 fn feature(e: io::Error, name: &str) -> io::Error {
     match e.raw_os_error() {
@@ -135,6 +214,7 @@ impl Scenario {
             expected: Some(range.clone()),
             range,
             notes: Vec::new(),
+            problems: Vec::new(),
             owned,
             unmapped: Vec::new(),
             dest: 0,
@@ -171,16 +251,30 @@ impl Scenario {
                 };
                 sc
             }
-            ChangeKind::MadvRemoveShmem => {
-                // SAFETY: the name is a NUL-terminated literal.
-                let fd = unsafe { libc::memfd_create(c"umn-testkit".as_ptr(), libc::MFD_CLOEXEC) };
-                check(fd.into()).map_err(|e| feature(e, "memfd_create"))?;
-                // SAFETY: memfd_create returned a fresh descriptor owned by nobody else.
-                let file = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
-                file.set_len(four as u64)?;
+            ChangeKind::MadvRemoveShmem | ChangeKind::PunchHole | ChangeKind::FtruncateShared => {
+                let file = memfd(four)?;
                 let base = map_shared(&file, four)?;
                 let mut sc = Scenario::new(kind, base..base + four, base..base + four);
                 sc.file = Some(file);
+                sc
+            }
+            ChangeKind::Shmdt => {
+                let base = shm_attach(four)?;
+                Scenario::new(kind, base..base + four, base..base + four)
+            }
+            ChangeKind::MadvCollapse => {
+                // One 2 MiB-aligned VMA, watched whole: a partly watched VMA is split, and
+                // MADV_COLLAPSE needs the aligned 2 MiB inside one VMA.
+                let raw = map_rw(2 * HUGE)?;
+                let base = raw.next_multiple_of(HUGE);
+                super::mapping::unmap(&(raw..base));
+                super::mapping::unmap(&(base + HUGE..raw + 2 * HUGE));
+                let mut sc = Scenario::new(kind, base..base + HUGE, base..base + HUGE);
+                sc.notes.push(
+                    "not pinned: the kernel does not collapse pinned pages (judged by PFNs where \
+                     visible)"
+                        .into(),
+                );
                 sc
             }
             ChangeKind::FileBacked => {
@@ -198,20 +292,33 @@ impl Scenario {
                 sc
             }
             ChangeKind::FreeMallocBlock => {
+                // A fixed threshold: glibc's dynamic one rises with every large free (up to
+                // 32 MiB), and a process that freed big blocks before would serve this one from
+                // the heap. The case owns its process (see `umn coverage`) or its test.
+                // SAFETY: mallopt only changes the allocator's tuning.
+                unsafe { libc::mallopt(M_MMAP_THRESHOLD, 128 << 10) };
                 // SAFETY: plain allocation; freed exactly once, by the change or by cleanup.
                 let block = unsafe { libc::malloc(MALLOC_BLOCK) } as usize;
                 if block == 0 {
                     return Err(io::Error::from(io::ErrorKind::OutOfMemory));
                 }
-                // SAFETY: glibc keeps the chunk size word right before the user pointer.
-                let size_word = unsafe { *(block as *const usize).sub(1) };
+                // An mmapped chunk is a mapping of its own that starts two words before the
+                // pointer. (Reading glibc's size word before the pointer
+                // instead would read outside the allocation: undefined behaviour, which the
+                // optimizer turned into "never mmapped".)
+                let header = block - 2 * std::mem::size_of::<usize>();
+                let lines = maps_lines(&(block..block + 1));
+                let mmapped = lines.len() == 1 && lines[0].starts_with(&format!("{header:x}-"));
                 let first = (block.div_ceil(page_size()) + 1) * page_size();
                 let mut sc = Scenario::new(kind, 0..0, first..first + four);
                 sc.owned = Owned::default();
                 sc.malloc_block = Some(block);
-                if size_word & CHUNK_IS_MMAPPED == 0 {
-                    sc.notes
-                        .push("malloc did not mmap the block (not glibc?)".into());
+                if !mmapped {
+                    sc.problems.push(
+                        "malloc did not mmap the 40 MiB block even with M_MMAP_THRESHOLD fixed \
+                         at 128 KiB (not glibc?): free() will not unmap it"
+                            .into(),
+                    );
                 }
                 sc
             }
@@ -368,6 +475,29 @@ impl Scenario {
                 check(unsafe { libc::munmap(cut.start as *mut libc::c_void, cut.len()) }.into())?;
                 self.lost(cut);
             }
+            ChangeKind::Shmdt => {
+                // SAFETY: detaches this case's own segment; nothing references it.
+                check(unsafe { libc::shmdt(ptr) }.into())?;
+                self.lost(self.range.clone());
+            }
+            ChangeKind::MadvGuardInstall => {
+                self.madvise(MADV_GUARD_INSTALL, "MADV_GUARD_INSTALL")?;
+            }
+            ChangeKind::MadvCollapse => self.madvise(MADV_COLLAPSE, "MADV_COLLAPSE")?,
+            ChangeKind::PunchHole => {
+                let fd = self.file.as_ref().map_or(-1, AsRawFd::as_raw_fd);
+                let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+                // SAFETY: fallocate on our own memfd; no memory is passed.
+                let r = unsafe { libc::fallocate(fd, mode, 0, len as libc::off_t) };
+                check(r.into()).map_err(|e| feature(e, "fallocate(PUNCH_HOLE) on shmem"))?;
+            }
+            ChangeKind::FtruncateShared => {
+                let file = self
+                    .file
+                    .as_ref()
+                    .ok_or_else(|| io::Error::other("no memfd"))?;
+                file.set_len(0)?;
+            }
             ChangeKind::UntouchedNeighbour => {
                 let cut = self.range.end..self.range.end + 2 * page;
                 // SAFETY: unmaps part of this case's own mapping, outside the watched range.
@@ -407,6 +537,20 @@ impl Scenario {
     /// After the change: new memory at the old address (x == y), filled with [`NEW_BYTE`]
     /// together with the whole watched range.
     pub(super) fn refill(&mut self) -> io::Result<()> {
+        match self.kind {
+            // Touching a guard page faults: take the guards off first (the pages come back
+            // empty, as new memory).
+            ChangeKind::MadvGuardInstall => self.madvise(MADV_GUARD_REMOVE, "MADV_GUARD_REMOVE")?,
+            // Touching beyond the end of the file would raise SIGBUS.
+            ChangeKind::FtruncateShared => {
+                let file = self
+                    .file
+                    .as_ref()
+                    .ok_or_else(|| io::Error::other("no memfd"))?;
+                file.set_len(self.range.len() as u64)?;
+            }
+            _ => {}
+        }
         if self.kind == ChangeKind::BrkShrink {
             self.check_brk()?;
             let len = self.range.len();
@@ -417,13 +561,24 @@ impl Scenario {
         }
         for span in std::mem::take(&mut self.unmapped) {
             map_anon(Some(span.start), span.len(), rw()).map_err(|e| {
-                io::Error::new(
-                    e.kind(),
-                    format!(
-                        "could not map new memory at the old address {:#x}: {e}",
-                        span.start
-                    ),
-                )
+                if e.raw_os_error() == Some(libc::EEXIST) {
+                    let intruders = maps_lines(&span);
+                    io::Error::new(
+                        io::ErrorKind::AlreadyExists,
+                        AddressTaken {
+                            span: span.clone(),
+                            intruders,
+                        },
+                    )
+                } else {
+                    io::Error::new(
+                        e.kind(),
+                        format!(
+                            "could not map new memory at the old address {:#x}: {e}",
+                            span.start
+                        ),
+                    )
+                }
             })?;
             self.owned.add(span.clone());
             fill(&span, NEW_BYTE);

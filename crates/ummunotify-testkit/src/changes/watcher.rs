@@ -2,6 +2,8 @@
 
 use std::ops::Range;
 
+use super::ChangeKind;
+
 /// The thing under test: something that watches one address range for mapping changes.
 ///
 /// [`super::run_case`] calls `watch`, then (after the change) `is_valid` twice, then
@@ -21,6 +23,11 @@ pub trait Watcher {
     fn events(&mut self) -> Vec<(Range<usize>, bool)>;
     /// Stop watching (before the scenario frees what is left).
     fn unwatch(&mut self);
+    /// Whether this watcher is expected to detect `kind` (the `expected` column). By default,
+    /// what userfaultfd reports ([`ChangeKind::userfaultfd_reports`]).
+    fn expects(&self, kind: ChangeKind) -> bool {
+        kind.userfaultfd_reports()
+    }
 }
 
 /// A watcher that never notices anything: always valid, no events, counter never moves.
@@ -64,5 +71,11 @@ impl Watcher for NaiveWatcher {
 
     fn unwatch(&mut self) {
         self.range = None;
+    }
+
+    /// The naive watcher detects nothing, and is expected to detect nothing but the control
+    /// case (where "detected" means correctly silent).
+    fn expects(&self, kind: ChangeKind) -> bool {
+        !kind.expects_event()
     }
 }
