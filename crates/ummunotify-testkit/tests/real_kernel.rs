@@ -9,7 +9,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use ummunotify_testkit::changes::{
     case_json, child_case_from_env, parse_case_json, print_child_report, run_case, run_in_child,
-    CaseReport, ChangeKind, NaiveWatcher,
+    CaseReport, ChangeKind, NaiveWatcher, Watcher,
 };
 use ummunotify_testkit::pagemap::{is_pfn_unavailable, page_size, pfn};
 use ummunotify_testkit::require::{missing_feature, skip_or_fail};
@@ -277,4 +277,88 @@ fn naive_watcher_is_stale_for_brk_shrink_in_its_own_process() {
         eprintln!("{}", case_json(&report));
         assert_naive(&report);
     }
+}
+
+/// A watcher that, like a thread starting at the wrong moment, maps memory into the hole the
+/// change just left (on its first `is_valid` after each `watch`), `intrusions` times.
+struct Intruder {
+    inner: NaiveWatcher,
+    intrusions: usize,
+    planted: Vec<usize>,
+    armed: bool,
+}
+
+impl Watcher for Intruder {
+    fn watch(&mut self, range: std::ops::Range<usize>) -> Result<(), String> {
+        self.armed = self.intrusions > 0;
+        self.inner.watch(range)
+    }
+    fn is_valid(&mut self) -> bool {
+        if self.armed {
+            self.armed = false;
+            self.intrusions -= 1;
+            let at = self.inner.range().expect("watching").start;
+            assert_eq!(mmap_rw(at, page_size()), at, "intrude at {at:#x}");
+            self.planted.push(at);
+        }
+        self.inner.is_valid()
+    }
+    fn counter_moved(&mut self) -> bool {
+        self.inner.counter_moved()
+    }
+    fn events(&mut self) -> Vec<(std::ops::Range<usize>, bool)> {
+        self.inner.events()
+    }
+    fn unwatch(&mut self) {
+        self.inner.unwatch();
+    }
+}
+
+impl Drop for Intruder {
+    fn drop(&mut self) {
+        for &at in &self.planted {
+            // SAFETY: pages this watcher mapped itself.
+            unsafe { libc::munmap(at as *mut libc::c_void, page_size()) };
+        }
+    }
+}
+
+#[test]
+fn a_taken_address_is_retried_then_inconclusive_never_a_miss() {
+    let _g = serial();
+    // Taken once: the case runs again at a fresh address and reaches a verdict.
+    let mut w = Intruder {
+        inner: NaiveWatcher::new(),
+        intrusions: 1,
+        planted: Vec::new(),
+        armed: false,
+    };
+    let report = run_case(ChangeKind::LibcMunmap, &mut w).expect("run_case");
+    assert!(report.inconclusive.is_none(), "{}", case_json(&report));
+    assert!(
+        report
+            .notes
+            .iter()
+            .any(|n| n.contains("taken by a mapping")),
+        "{}",
+        case_json(&report)
+    );
+    assert_eq!(report.stale_uses, 2, "{}", case_json(&report));
+    // Taken every time: inconclusive, naming the intruder, and no verdict.
+    let mut w = Intruder {
+        inner: NaiveWatcher::new(),
+        intrusions: usize::MAX,
+        planted: Vec::new(),
+        armed: false,
+    };
+    let report = run_case(ChangeKind::LibcMunmap, &mut w).expect("run_case");
+    let json = case_json(&report);
+    let reason = report.inconclusive.as_deref().expect("inconclusive");
+    assert!(
+        reason.contains("taken by a mapping the case did not make"),
+        "{json}"
+    );
+    assert!(reason.contains("rw-p"), "the intruder's maps line: {json}");
+    assert!(json.contains("\"detected\":null"), "{json}");
+    assert!(!report.passed() && !report.missed_expected(), "{json}");
 }
