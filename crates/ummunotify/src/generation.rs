@@ -4,7 +4,7 @@
 //! [`begin_message`] before each single-message `read()` and [`end_message`] after it has applied
 //! the message; checkers call [`unchanged`] and [`region_valid`]. The `loom_model` module below
 //! runs these same functions under loom (`RUSTFLAGS="--cfg loom" cargo test -p ummunotify --lib
-//! --release loom`).
+//! --release loom`) inside a transcription of the monitor's and reader's sequences (see there).
 //!
 //! Counter word: bit 63 `DEAD`, bit 62 `FORKED`, bit 0 `BUSY`, and a count that grows by two per
 //! message. A stable snapshot is always even and never has `DEAD`.
@@ -85,6 +85,15 @@ pub(crate) fn region_valid(counter: &AtomicU64, word: &AtomicU64, expected: u64)
 
 /// The protocol under loom: the monitor's steps against a checker that runs after the unmapping
 /// call returned. Run with `RUSTFLAGS="--cfg loom" cargo test -p ummunotify --lib --release loom`.
+///
+/// What is production code here and what is not: the counter functions above (`begin_message`,
+/// `end_message`, `unchanged`, `wait_idle`, `region_valid`) are called as they are, on loom
+/// atomics. The monitor's sequence (lock, mark busy, make readable, "read", lock, set INVALID,
+/// queue, end) and the reader's readiness clearing are hand transcriptions of
+/// `Shared::begin_message`/`apply`/`end_message` and `read_events` in `notifier.rs`, with a loom
+/// `Mutex` for the index lock, an atomic for the eventfd's count and one for the kernel's
+/// release of the unmapping thread. A change to those functions must be mirrored here; the
+/// model checks the protocol's ordering argument, not their code.
 #[cfg(all(test, loom))]
 mod loom_model {
     use super::*;

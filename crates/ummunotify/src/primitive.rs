@@ -1,5 +1,8 @@
-//! Atomics behind one name, so the visibility protocol is model-checked with loom
-//! (`RUSTFLAGS="--cfg loom"`) using the very code that runs in production.
+//! Atomics behind one name, so the counter functions of the visibility protocol
+//! (`generation::{begin_message, end_message, unchanged, wait_idle, region_valid}`) are
+//! model-checked with loom (`RUSTFLAGS="--cfg loom"`) as the very code that runs in production.
+//! The model's monitor and reader *sequences* around them (index lock, readiness flag, eventfd)
+//! are transcriptions of `notifier.rs`, not the production code: see `generation::loom_model`.
 #[cfg(all(test, loom))]
 pub(crate) use loom::sync::atomic::AtomicBool;
 #[cfg(loom)]
