@@ -81,7 +81,7 @@ mod segvec;
 mod sys;
 
 #[cfg(not(loom))]
-pub use backend::{probe, BackendReport};
+pub use backend::{probe, Backend, BackendReport, BACKEND_ENV};
 #[cfg(not(loom))]
 pub use cache::Cache;
 #[cfg(not(loom))]
