@@ -925,21 +925,32 @@ impl Shared {
     /// odd only while that lock is held, as with one monitor), every signal blocked. Does
     /// nothing, and leaves the counter alone, when no region overlaps the range. Never
     /// allocates, frees, unmaps or calls a patched libc function (see `backend::hooks`).
-    pub(crate) fn invalidate_in_thread(&self, start: u64, end: u64, unmap: bool) {
+    ///
+    /// `again` marks the second pass of one call (after its syscall): a region the first pass
+    /// left pending is not hit twice (its hint stays the clipped range of the one call), and when
+    /// every overlapping region is still pending nothing changes at all, counter included.
+    pub(crate) fn invalidate_in_thread(&self, start: u64, end: u64, unmap: bool, again: bool) {
         let _signals = SignalsBlocked::new();
         let mut l = self.lock_index();
         let mut any = false;
         {
             let Locked { st, slots } = &mut l;
+            let slots: &SegVec<Slot> = slots;
             st.tree
-                .for_each_overlap(&SlotNodes(slots), start, end, |_| any = true);
+                .for_each_overlap(&SlotNodes(slots), start, end, |id| {
+                    let slot = slots.get(id).expect("tree node id without a slot");
+                    // SAFETY: index lock held; this closure is the only user of this slot's data
+                    // cell right now (the tree walk borrows only node cells).
+                    let d = unsafe { &*slot.data.get() };
+                    any |= d.span.is_some() && !(again && d.pending.is_pending());
+                });
         }
         if !any {
             return;
         }
         generation::begin_message(self.counter());
         self.messages.fetch_add(1, Relaxed);
-        let (newly, hits) = l.invalidate(start, end, unmap, false);
+        let (newly, hits) = l.invalidate(start, end, unmap, again);
         self.invalidations.fetch_add(hits, Relaxed);
         if newly {
             self.signal_ready(&mut l);

@@ -54,17 +54,17 @@ type Ranges = [Option<(u64, u64)>; 2];
 
 /// Steps 2–4 around the raw syscall.
 fn around(ranges: Ranges, unmap: bool, nr: u64, a: [u64; 6]) -> i64 {
-    let touched = |r: &Ranges| {
+    let touched = |r: &Ranges, again: bool| {
         for &(s, e) in r.iter().flatten() {
             if maybe_watched(s, e) {
-                invalidate(s, e, unmap);
+                invalidate(s, e, unmap, again);
             }
         }
     };
-    touched(&ranges);
+    touched(&ranges, false);
     // SAFETY: the caller's own syscall, with its own arguments: we only make it for them.
     let ret = unsafe { syscall6(nr, a) };
-    touched(&ranges);
+    touched(&ranges, true);
     ret
 }
 

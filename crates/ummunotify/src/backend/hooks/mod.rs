@@ -232,7 +232,7 @@ pub(crate) fn any_sinks() -> bool {
 
 /// Invalidates `[start, end)` in every hooks notifier of this process, in the calling thread.
 /// Hook path: see the module rules.
-pub(crate) fn invalidate(start: u64, end: u64, unmap: bool) {
+pub(crate) fn invalidate(start: u64, end: u64, unmap: bool, again: bool) {
     if OWNER.load(Relaxed) != getpid_raw() {
         return; // a forked child: its registrations are poisoned, and locks may be held
     }
@@ -247,7 +247,7 @@ pub(crate) fn invalidate(start: u64, end: u64, unmap: bool) {
             // SAFETY: a non-null slot is a live `Shared`: `Sink::drop` clears the slot and then
             // waits until `USERS[i]` is zero before releasing it, and our increment (SeqCst)
             // came before this load.
-            unsafe { (*p).invalidate_in_thread(start, end, unmap) };
+            unsafe { (*p).invalidate_in_thread(start, end, unmap, again) };
         }
         USERS[i].fetch_sub(1, SeqCst);
     }
