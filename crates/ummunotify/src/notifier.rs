@@ -922,7 +922,8 @@ impl Drop for Notifier {
 impl Shared {
     /// The hooks backend's event path: applies an invalidation of `[start, end)` in the calling
     /// thread, with the monitor's steps 2–5 under one hold of the index lock (so the counter is
-    /// odd only while that lock is held, as with one monitor), every signal blocked. Does
+    /// odd only while that lock is held, as with one monitor). The caller has blocked every
+    /// signal (a handler must never run while this thread holds the index lock). Does
     /// nothing, and leaves the counter alone, when no region overlaps the range. Never
     /// allocates, frees, unmaps or calls a patched libc function (see `backend::hooks`).
     ///
@@ -930,7 +931,6 @@ impl Shared {
     /// left pending is not hit twice (its hint stays the clipped range of the one call), and when
     /// every overlapping region is still pending nothing changes at all, counter included.
     pub(crate) fn invalidate_in_thread(&self, start: u64, end: u64, unmap: bool, again: bool) {
-        let _signals = SignalsBlocked::new();
         let mut l = self.lock_index();
         let mut any = false;
         {

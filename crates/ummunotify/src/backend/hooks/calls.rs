@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 use super::patch::Target;
 use super::{invalidate, maybe_watched};
+use crate::sys::SignalsBlocked;
 
 const PAGE: u64 = 4096;
 
@@ -52,24 +53,39 @@ fn pages(addr: u64, len: u64) -> Option<(u64, u64)> {
 /// Up to two ranges a call may change (mremap: the old range and the destination).
 type Ranges = [Option<(u64, u64)>; 2];
 
-/// Steps 2–4 around the raw syscall.
+/// Steps 2–4 around the raw syscall. When the filter says a range may be watched, every signal
+/// stays blocked from before the first pass to after the second (two `rt_sigprocmask` calls for
+/// the whole call; none of these syscalls waits for a signal): a handler must never run while
+/// this thread holds an index lock, and one that unmaps runs its own hook after we are done.
 fn around(ranges: Ranges, unmap: bool, nr: u64, a: [u64; 6]) -> i64 {
-    let touched = |r: &Ranges, again: bool| {
+    let watched = |r: &Ranges| r.iter().flatten().any(|&(s, e)| maybe_watched(s, e));
+    let pass = |r: &Ranges, again: bool| {
         for &(s, e) in r.iter().flatten() {
             if maybe_watched(s, e) {
                 invalidate(s, e, unmap, again);
             }
         }
     };
-    touched(&ranges, false);
-    // SAFETY: the caller's own syscall, with its own arguments: we only make it for them.
+    if !watched(&ranges) {
+        // SAFETY: the caller's own syscall, with its own arguments: we only make it for them.
+        let ret = unsafe { syscall6(nr, a) };
+        if watched(&ranges) {
+            // Registered while the call ran.
+            let _blocked = SignalsBlocked::new();
+            pass(&ranges, true);
+        }
+        return ret;
+    }
+    let _blocked = SignalsBlocked::new();
+    pass(&ranges, false);
+    // SAFETY: as above.
     let ret = unsafe { syscall6(nr, a) };
-    touched(&ranges, true);
+    pass(&ranges, true);
     ret
 }
 
 extern "C" fn munmap(a0: u64, a1: u64, a2: u64, a3: u64, a4: u64, a5: u64) -> i64 {
-    CALLS.fetch_add(1, Relaxed);
+    count();
     let a = [a0, a1, a2, a3, a4, a5];
     around([pages(a0, a1), None], true, libc::SYS_munmap as u64, a)
 }
@@ -94,14 +110,14 @@ fn drops_pages(advice: u64) -> bool {
 }
 
 extern "C" fn madvise(a0: u64, a1: u64, a2: u64, a3: u64, a4: u64, a5: u64) -> i64 {
-    CALLS.fetch_add(1, Relaxed);
+    count();
     let a = [a0, a1, a2, a3, a4, a5];
     let r = if drops_pages(a2) { pages(a0, a1) } else { None };
     around([r, None], false, libc::SYS_madvise as u64, a)
 }
 
 extern "C" fn mmap(a0: u64, a1: u64, a2: u64, a3: u64, a4: u64, a5: u64) -> i64 {
-    CALLS.fetch_add(1, Relaxed);
+    count();
     let a = [a0, a1, a2, a3, a4, a5];
     // MAP_FIXED replaces whatever is there; MAP_FIXED_NOREPLACE (without MAP_FIXED) never does.
     let r = if a3 & libc::MAP_FIXED as u64 != 0 {
@@ -113,7 +129,7 @@ extern "C" fn mmap(a0: u64, a1: u64, a2: u64, a3: u64, a4: u64, a5: u64) -> i64 
 }
 
 extern "C" fn mremap(a0: u64, a1: u64, a2: u64, a3: u64, a4: u64, a5: u64) -> i64 {
-    CALLS.fetch_add(1, Relaxed);
+    count();
     let a = [a0, a1, a2, a3, a4, a5];
     let (old, old_len, new_len, flags, new_addr) = (a0, a1, a2, a3, a4);
     let moves = libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED | libc::MREMAP_DONTUNMAP;
@@ -138,7 +154,7 @@ extern "C" fn mremap(a0: u64, a1: u64, a2: u64, a3: u64, a4: u64, a5: u64) -> i6
 pub(super) static CURBRK: AtomicUsize = AtomicUsize::new(0);
 
 extern "C" fn brk(a0: u64, a1: u64, a2: u64, a3: u64, a4: u64, a5: u64) -> i64 {
-    CALLS.fetch_add(1, Relaxed);
+    count();
     let a = [a0, a1, a2, a3, a4, a5];
     let cell = CURBRK.load(Relaxed) as *const u64;
     // SAFETY: `cell` is glibc's `__curbrk` (a data symbol that lives as long as libc), read
@@ -166,7 +182,7 @@ extern "C" fn brk(a0: u64, a1: u64, a2: u64, a3: u64, a4: u64, a5: u64) -> i64 {
 }
 
 extern "C" fn shmdt(a0: u64, a1: u64, a2: u64, a3: u64, a4: u64, a5: u64) -> i64 {
-    CALLS.fetch_add(1, Relaxed);
+    count();
     let a = [a0, a1, a2, a3, a4, a5];
     let r = if super::any_sinks() {
         super::maps::attachment(a0)
@@ -176,8 +192,23 @@ extern "C" fn shmdt(a0: u64, a1: u64, a2: u64, a3: u64, a4: u64, a5: u64) -> i64
     around([r, None], true, libc::SYS_shmdt as u64, a)
 }
 
-/// How many calls went through a hook (tests use it to see that a path is hooked at all).
-pub(super) static CALLS: AtomicUsize = AtomicUsize::new(0);
+/// How many calls went through a hook (tests use it to see that a path is hooked at all),
+/// in 16 cache-line-padded shards picked by the caller's stack address, so that threads
+/// unmapping at the same time do not fight over one line.
+#[repr(align(64))]
+struct Shard(AtomicUsize);
+static CALLS: [Shard; 16] = [const { Shard(AtomicUsize::new(0)) }; 16];
+
+fn count() {
+    let here = 0u8;
+    let at = std::ptr::addr_of!(here) as usize;
+    CALLS[(at >> 21) & 15].0.fetch_add(1, Relaxed);
+}
+
+/// The sum of [`CALLS`].
+pub(super) fn calls() -> usize {
+    CALLS.iter().map(|s| s.0.load(Relaxed)).sum()
+}
 
 type Hook = extern "C" fn(u64, u64, u64, u64, u64, u64) -> i64;
 

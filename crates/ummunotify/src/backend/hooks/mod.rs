@@ -26,8 +26,8 @@
 //! valid after it (the start/end pair userfaultfd's `REMOVE` lacks).
 //!
 //! # Free when unused (guarantee 3)
-//! A global filter ([`maybe_watched`]) counts, per 64 KiB granule (hashed into 16,384
-//! buckets), how many hooks notifiers watch pages there. A call on unwatched memory costs the
+//! A global filter ([`filter`]) holds a bit per watched page (16-bit masks in 16,384 buckets,
+//! one per 64 KiB granule, aliasing only 1 GiB apart). A call on unwatched memory costs the
 //! filter's loads and the raw syscall; it takes no lock, blocks no signal, and leaves the
 //! generation counter alone (a cache's fast path is not disturbed by unrelated unmaps).
 //!
@@ -55,158 +55,19 @@
 
 #[cfg(target_arch = "x86_64")]
 mod calls;
+mod filter;
 #[cfg(target_arch = "x86_64")]
 mod maps;
 #[cfg(target_arch = "x86_64")]
 mod patch;
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering::{Acquire, Relaxed, SeqCst};
-use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU32, AtomicUsize};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicUsize};
+use std::sync::{Arc, OnceLock};
+
+pub(crate) use filter::{maybe_watched, Watch};
 
 use crate::notifier::Shared;
-
-// ---------------------------------------------------------------------------------------------
-// The filter: which granules any hooks notifier watches.
-
-const GRANULE_SHIFT: u32 = 16;
-const BUCKETS: usize = 1 << 14;
-
-static COUNTS: [AtomicU32; BUCKETS] = [const { AtomicU32::new(0) }; BUCKETS];
-/// Sum of `COUNTS`: zero means nothing is watched anywhere (the one-load fast path).
-static WATCHED: AtomicUsize = AtomicUsize::new(0);
-
-fn bucket(granule: u64) -> &'static AtomicU32 {
-    &COUNTS[granule as usize & (BUCKETS - 1)]
-}
-
-/// Whether a hooks notifier may watch a page of `[start, end)` (false positives possible, no
-/// false negatives). SeqCst loads pair with the SeqCst increments of [`Watch::watch`]: a
-/// registration that the load misses came after the syscall, and its own check that the pages
-/// are mapped runs after the change (see `docs/ARCHITECTURE.md`, "The hooks backend").
-#[inline]
-pub(crate) fn maybe_watched(start: u64, end: u64) -> bool {
-    if WATCHED.load(SeqCst) == 0 {
-        return false;
-    }
-    let (g0, g1) = (start >> GRANULE_SHIFT, (end - 1) >> GRANULE_SHIFT);
-    if g1 - g0 >= BUCKETS as u64 {
-        return true;
-    }
-    (g0..=g1).any(|g| bucket(g).load(SeqCst) != 0)
-}
-
-/// The pages one hooks notifier watches, kept in the filter. User threads only (under the
-/// notifier's registry lock); may allocate.
-pub(crate) struct Watch {
-    inner: Mutex<Pages>,
-}
-
-#[derive(Default)]
-struct Pages {
-    /// Disjoint, non-adjacent `[start, end)` page ranges.
-    ranges: BTreeMap<u64, u64>,
-    /// Granules holding a watched page (each counted once in `COUNTS`).
-    granules: BTreeSet<u64>,
-}
-
-impl Pages {
-    fn insert(&mut self, mut s: u64, mut e: u64) {
-        let hit: Vec<(u64, u64)> = self
-            .ranges
-            .range(..=e)
-            .rev()
-            .take_while(|(_, &re)| re >= s)
-            .map(|(&k, &v)| (k, v))
-            .collect();
-        for (k, v) in hit {
-            self.ranges.remove(&k);
-            s = s.min(k);
-            e = e.max(v);
-        }
-        self.ranges.insert(s, e);
-    }
-
-    fn remove(&mut self, s: u64, e: u64) {
-        let hit: Vec<(u64, u64)> = self
-            .ranges
-            .range(..e)
-            .rev()
-            .take_while(|(_, &re)| re > s)
-            .map(|(&k, &v)| (k, v))
-            .collect();
-        for (k, v) in hit {
-            self.ranges.remove(&k);
-            if k < s {
-                self.ranges.insert(k, s);
-            }
-            if v > e {
-                self.ranges.insert(e, v);
-            }
-        }
-    }
-
-    fn overlaps(&self, s: u64, e: u64) -> bool {
-        self.ranges
-            .range(..e)
-            .next_back()
-            .is_some_and(|(_, &re)| re > s)
-    }
-
-    /// Brings the filter up to date for the granules of `[s, e)`.
-    fn sync(&mut self, s: u64, e: u64) {
-        for g in s >> GRANULE_SHIFT..=(e - 1) >> GRANULE_SHIFT {
-            let has = self.overlaps(g << GRANULE_SHIFT, (g + 1) << GRANULE_SHIFT);
-            if has && self.granules.insert(g) {
-                bucket(g).fetch_add(1, SeqCst);
-                WATCHED.fetch_add(1, SeqCst);
-            } else if !has && self.granules.remove(&g) {
-                bucket(g).fetch_sub(1, SeqCst);
-                WATCHED.fetch_sub(1, SeqCst);
-            }
-        }
-    }
-}
-
-impl Watch {
-    pub(crate) fn new() -> Watch {
-        Watch {
-            inner: Mutex::new(Pages::default()),
-        }
-    }
-
-    /// Watches `[start, end)` (page aligned, idempotent): the filter says "maybe" for it from
-    /// now on (SeqCst, before the caller's check that the pages are still mapped).
-    pub(crate) fn watch(&self, start: u64, end: u64) {
-        if start >= end {
-            return;
-        }
-        let mut p = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        p.insert(start, end);
-        p.sync(start, end);
-    }
-
-    /// Stops watching `[start, end)`.
-    pub(crate) fn unwatch(&self, start: u64, end: u64) {
-        if start >= end {
-            return;
-        }
-        let mut p = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        p.remove(start, end);
-        p.sync(start, end);
-    }
-}
-
-impl Drop for Watch {
-    fn drop(&mut self) {
-        let p = self.inner.get_mut().unwrap_or_else(|p| p.into_inner());
-        for &g in &p.granules {
-            bucket(g).fetch_sub(1, SeqCst);
-            WATCHED.fetch_sub(1, SeqCst);
-        }
-    }
-}
 
 // ---------------------------------------------------------------------------------------------
 // The sinks: the notifiers hooks deliver to.
@@ -227,7 +88,7 @@ fn getpid_raw() -> i32 {
 }
 
 pub(crate) fn any_sinks() -> bool {
-    WATCHED.load(SeqCst) != 0
+    filter::any()
 }
 
 /// Invalidates `[start, end)` in every hooks notifier of this process, in the calling thread.
@@ -341,7 +202,7 @@ fn install_now() -> Installed {
 /// Calls that went through a hook so far in this process (diagnostics and tests).
 pub(crate) fn hooked_calls() -> usize {
     #[cfg(target_arch = "x86_64")]
-    return calls::CALLS.load(Relaxed);
+    return calls::calls();
     #[cfg(not(target_arch = "x86_64"))]
     0
 }
@@ -364,25 +225,5 @@ pub(crate) fn probe() -> super::BackendReport {
              own unmaps (dlclose), static binaries"
                 .to_string(),
         ],
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn page_sets_merge_and_split() {
-        let mut p = Pages::default();
-        p.insert(0x1000, 0x3000);
-        p.insert(0x3000, 0x5000);
-        assert_eq!(p.ranges.len(), 1);
-        p.remove(0x2000, 0x4000);
-        assert_eq!(
-            p.ranges.iter().map(|(&a, &b)| (a, b)).collect::<Vec<_>>(),
-            vec![(0x1000, 0x2000), (0x4000, 0x5000)]
-        );
-        assert!(p.overlaps(0x1fff, 0x2001));
-        assert!(!p.overlaps(0x2000, 0x4000));
     }
 }
