@@ -195,6 +195,9 @@ pub struct BackendReport {
 }
 
 /// Probes every backend this build knows.
+///
+/// Probing the hooks backend installs it (patches libc in this process, for good: with no hooks
+/// notifier alive that costs each hooked libc call a few loads).
 pub fn probe() -> Vec<BackendReport> {
     vec![uffd::probe(), hooks::probe()]
 }
