@@ -722,3 +722,48 @@ fn raw_syscalls_and_io_uring_are_missed_by_hooks() {
     );
     unmap(a + p, p);
 }
+
+#[test]
+fn bad_arguments_get_the_kernels_error_through_the_hooks() {
+    let n = hooks();
+    let p = page();
+    let a = map(p);
+    let r = n.register(a..a + p, Cookie(1)).unwrap();
+    let errno = || std::io::Error::last_os_error().raw_os_error();
+    // SAFETY: every call below is refused by the kernel (or glibc) and changes nothing.
+    unsafe {
+        assert_eq!(libc::munmap((a + 1) as *mut libc::c_void, p), -1);
+        assert_eq!(errno(), Some(libc::EINVAL));
+        assert_eq!(
+            libc::madvise((a + 1) as *mut libc::c_void, p, libc::MADV_DONTNEED),
+            -1
+        );
+        assert_eq!(errno(), Some(libc::EINVAL));
+        let m = libc::mremap(a as *mut libc::c_void, p, p, 0x1000_0000);
+        assert_eq!(m, libc::MAP_FAILED);
+        assert_eq!(errno(), Some(libc::EINVAL));
+        let m = libc::mmap(
+            std::ptr::null_mut(),
+            p,
+            libc::PROT_READ,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            1,
+        );
+        assert_eq!(m, libc::MAP_FAILED);
+        assert_eq!(errno(), Some(libc::EINVAL));
+        assert_eq!(libc::munmap(usize::MAX as *mut libc::c_void, p), -1);
+        assert_eq!(errno(), Some(libc::EINVAL));
+        assert_eq!(libc::shmdt(a as *const libc::c_void), -1);
+        assert_eq!(errno(), Some(libc::EINVAL));
+    }
+    // A refused call may still have invalidated the region (the first pass runs before the
+    // kernel answers): spurious, never stale. The notifier goes on working.
+    eprintln!("region valid after refused calls: {}", n.is_valid(r));
+    n.events().unwrap();
+    n.unregister(Cookie(1)).unwrap();
+    let r = n.register(a..a + p, Cookie(2)).unwrap();
+    assert!(n.is_valid(r));
+    unmap(a, p);
+    assert!(!n.is_valid(r));
+}

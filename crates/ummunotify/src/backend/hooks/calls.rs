@@ -11,7 +11,9 @@
 //! Rules (guarantee 4): these functions are entered from inside malloc/free (with an arena lock
 //! held), from thread exit, and from signal handlers. They never allocate, never take a lock
 //! but a notifier's index lock (which no thread holds while it could unmap, allocate, or take a
-//! signal), never call a patched function, and never panic (`extern "C"`: a panic would abort).
+//! signal), never call a patched function, and never panic (`extern "C"`: a panic would abort;
+//! address arithmetic on the caller's arguments is checked or wrapping, so bad arguments reach
+//! the kernel and get its error, as without the hooks).
 #![allow(unsafe_code)] // Raw syscalls and the hooks' C ABI.
 
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
@@ -138,7 +140,7 @@ extern "C" fn mremap(a0: u64, a1: u64, a2: u64, a3: u64, a4: u64, a5: u64) -> i6
     let old_part = if flags & moves as u64 != 0 {
         pages(old, old_len)
     } else if new_len < old_len {
-        pages(old + new_len, old_len - new_len)
+        pages(old.wrapping_add(new_len), old_len - new_len)
     } else {
         None
     };
@@ -169,14 +171,10 @@ extern "C" fn brk(a0: u64, a1: u64, a2: u64, a3: u64, a4: u64, a5: u64) -> i64 {
         old = unsafe { syscall6(libc::SYS_brk as u64, [0; 6]) } as u64;
     }
     // Shrinking unmaps the pages between the new break and the old one.
-    let r = if a0 != 0 && a0 < old {
-        let start = (a0 + PAGE - 1) & !(PAGE - 1);
-        pages(
-            start,
-            ((old + PAGE - 1) & !(PAGE - 1)).saturating_sub(start),
-        )
-    } else {
-        None
+    let up = |x: u64| x.checked_add(PAGE - 1).map(|x| x & !(PAGE - 1));
+    let r = match (up(a0), up(old)) {
+        (Some(start), Some(top)) if a0 != 0 && a0 < old => pages(start, top.saturating_sub(start)),
+        _ => None,
     };
     around([r, None], true, libc::SYS_brk as u64, a)
 }

@@ -238,7 +238,12 @@ pub(crate) fn install(targets: &[Target]) -> Result<Patched, String> {
         }
         for s in found {
             if window(s).is_none() {
-                return Err(format!("{name}: the site at {s:#x} straddles a cache line"));
+                let msg = format!("{name}: the site at {s:#x} straddles a cache line");
+                if t.required {
+                    return Err(msg);
+                }
+                notes.push(format!("not hooked: {msg}"));
+                continue;
             }
             sites.push((name, s, t.hook));
         }
