@@ -767,3 +767,128 @@ fn bad_arguments_get_the_kernels_error_through_the_hooks() {
     unmap(a, p);
     assert!(!n.is_valid(r));
 }
+
+static HEAP_HANDLER_PAGE: AtomicUsize = AtomicUsize::new(0);
+static HEAP_HANDLED: AtomicUsize = AtomicUsize::new(0);
+
+extern "C" fn madvise_heap_handler(_: libc::c_int) {
+    let a = HEAP_HANDLER_PAGE.load(SeqCst);
+    // SAFETY: a page of ours; madvise is async-signal-safe, and the hook it runs must be too.
+    unsafe { libc::madvise(a as *mut libc::c_void, page(), libc::MADV_DONTNEED) };
+    HEAP_HANDLED.fetch_add(1, SeqCst);
+}
+
+fn heap_range() -> Option<(usize, usize)> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    let line = maps.lines().find(|l| l.ends_with("[heap]"))?;
+    let (range, _) = line.split_once(' ')?;
+    let (s, e) = range.split_once('-')?;
+    Some((
+        usize::from_str_radix(s, 16).ok()?,
+        usize::from_str_radix(e, 16).ok()?,
+    ))
+}
+
+/// The deadlock hunt of `tests/heap.rs` under hooks, with signals: one arena for every thread
+/// (so each free and trim shrinks the registered main heap, with the arena lock held, through
+/// the hooks), one thread registering, unregistering and reading events on heap blocks, and a
+/// signal handler that madvises a registered page, sent to the workers all along.
+#[test]
+fn a_registered_heap_trimmed_from_many_threads_with_signals_never_deadlocks() {
+    let test = "a_registered_heap_trimmed_from_many_threads_with_signals_never_deadlocks";
+    if !role_is(test) {
+        in_fresh_process(test, &[]);
+        return;
+    }
+    const M_ARENA_MAX: libc::c_int = -8;
+    // SAFETY: allocator tuning before any worker exists: one arena, small trim threshold.
+    unsafe {
+        libc::mallopt(M_ARENA_MAX, 1);
+        libc::mallopt(M_TRIM_THRESHOLD, 64 << 10);
+    }
+    let n = Arc::new(hooks());
+    let grow: Vec<Vec<u8>> = (0..64).map(|_| vec![1u8; 64 * 1024]).collect();
+    drop(grow);
+    let (hs, he) = heap_range().expect("a [heap] mapping");
+    n.register(hs..he, Cookie(0)).unwrap();
+    let heap = n.region(Cookie(0)).unwrap();
+    let p = page();
+    let h = map(p);
+    HEAP_HANDLER_PAGE.store(h, SeqCst);
+    n.register(h..h + p, Cookie(1)).unwrap();
+    // SAFETY: installs a handler that only calls madvise and bumps an atomic.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = madvise_heap_handler as *const () as usize;
+        sa.sa_flags = libc::SA_RESTART;
+        libc::sigemptyset(&mut sa.sa_mask);
+        assert_eq!(libc::sigaction(libc::SIGUSR2, &sa, std::ptr::null_mut()), 0);
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let workers: Vec<_> = (0..3)
+        .map(|t| {
+            let (n, tx) = (n.clone(), tx.clone());
+            std::thread::spawn(move || {
+                // SAFETY: pthread_self has no preconditions.
+                tx.send(unsafe { libc::pthread_self() }).unwrap();
+                for round in 0..300u64 {
+                    let blocks: Vec<Vec<u8>> = (0..32usize)
+                        .map(|i| vec![(i as u64 + round) as u8; 4096 + i * 512])
+                        .collect();
+                    drop(blocks);
+                    // SAFETY: malloc_trim has no preconditions.
+                    unsafe { libc::malloc_trim(0) };
+                    if t == 0 {
+                        let v = vec![0u8; 8192];
+                        let a = v.as_ptr() as usize;
+                        let c = Cookie(1000 + round);
+                        if n.register(a..a + v.len(), c).is_ok() {
+                            drop(v);
+                            n.events().unwrap();
+                            n.unregister(c).unwrap();
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    drop(tx);
+    let tids: Vec<libc::pthread_t> = (0..3).map(|_| rx.recv().unwrap()).collect();
+    let signaller = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut sent = 0u64;
+            while !stop.load(SeqCst) {
+                for &t in &tids {
+                    // SAFETY: the workers are joined only after this thread is (their pthread_t
+                    // stays valid until then, even once they have returned).
+                    unsafe { libc::pthread_kill(t, libc::SIGUSR2) };
+                    sent += 1;
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            sent
+        })
+    };
+    while !workers.iter().all(|w| w.is_finished()) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    stop.store(true, SeqCst);
+    let sent = signaller.join().unwrap();
+    let finished: Vec<bool> = workers.into_iter().map(|w| w.join().is_ok()).collect();
+    assert!(finished.iter().all(|&ok| ok), "a worker panicked");
+    let stats = n.stats();
+    eprintln!(
+        "signals sent {sent}, handled {}, hook invalidations {}, events read {}",
+        HEAP_HANDLED.load(SeqCst),
+        stats.messages,
+        stats.events_read
+    );
+    assert!(HEAP_HANDLED.load(SeqCst) > 0, "the handler never ran");
+    assert!(
+        !n.is_valid(heap),
+        "the trims of the registered heap were not seen"
+    );
+    child_ok();
+}
