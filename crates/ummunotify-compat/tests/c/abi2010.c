@@ -215,10 +215,16 @@ static void test_events(void) {
     CHECK(reg(fd, q, q + 2 * page, 20) == 0);
     seen = *counter;
     CHECK(syscall(SYS_munmap, q, page) == 0);
-    CHECK(*counter != seen && readable(fd));
-    CHECK(drain(fd, ev, MAX_EV, counter) == 1);
-    CHECK(ev[0].user_cookie_counter == 20 && ev[0].flags == UMMUNOTIFY_EVENT_FLAG_HINT);
-    CHECK(ev[0].hint_start == (uintptr_t)q && ev[0].hint_end == (uintptr_t)(q + page));
+    const char *backend = getenv("UMN_BACKEND");
+    if (backend != NULL && strcmp(backend, "hooks") == 0) {
+        /* The hooks backend can not see a raw syscall (its documented limit): nothing moves. */
+        CHECK(*counter == seen && !readable(fd));
+    } else {
+        CHECK(*counter != seen && readable(fd));
+        CHECK(drain(fd, ev, MAX_EV, counter) == 1);
+        CHECK(ev[0].user_cookie_counter == 20 && ev[0].flags == UMMUNOTIFY_EVENT_FLAG_HINT);
+        CHECK(ev[0].hint_start == (uintptr_t)q && ev[0].hint_end == (uintptr_t)(q + page));
+    }
 
     /* Unregistered regions report nothing. */
     CHECK(unreg(fd, 10) == 0 && unreg(fd, 11) == 0 && unreg(fd, 20) == 0);
