@@ -308,7 +308,8 @@ fn raw(nr: libc::c_long, a: usize, len: usize, advice: libc::c_int) {
 }
 
 /// Under the hooks backend, one run, interleaved call by call: libc munmap and
-/// madvise(DONTNEED) of a registered 4 KiB page, of an unregistered one, and the raw syscall.
+/// madvise(DONTNEED) of a registered 4 KiB page, of an unregistered one, and the raw syscall;
+/// and munmap after 2 ms idle, registered vs unregistered.
 fn hooks_rows(n: &Notifier, cycles: usize) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
     let pg = page();
     let mut t = [(); 6].map(|_| Vec::with_capacity(cycles));
@@ -344,7 +345,27 @@ fn hooks_rows(n: &Notifier, cycles: usize) -> Result<Vec<Row>, Box<dyn std::erro
         n.unregister(Cookie(cookie))?;
     }
     let [dr, du, dw, mr, mu, mw] = t.map(median);
+    // Cold: each call after 2 ms of sleep (the CPU idle), registered and unregistered alternately.
+    let (mut cr, mut cu) = (Vec::new(), Vec::new());
+    for _ in 0..(cycles / 16).max(10) {
+        let (r, u) = (map(pg, 0), map(pg, 0));
+        touch(r, pg);
+        touch(u, pg);
+        cookie += 1;
+        n.register(r..r + pg, Cookie(cookie))?;
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        time(&mut cr, &mut || unmap(r, pg));
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        time(&mut cu, &mut || unmap(u, pg));
+        n.unregister(Cookie(cookie))?;
+    }
     Ok(vec![
+        row(
+            "hooks_munmap_registered_4k_cold",
+            median(cr),
+            "hooks_munmap_unregistered_4k_cold",
+            median(cu),
+        ),
         row(
             "hooks_munmap_registered_4k",
             mr,
