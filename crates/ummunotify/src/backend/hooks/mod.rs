@@ -51,6 +51,11 @@
 //! own calls (`dlclose`), static binaries, and a call that was already past the patched
 //! instruction when the hooks went in. x86-64 with a dynamic glibc only; elsewhere the backend
 //! reports `Unsupported`.
+//!
+//! # Cost
+//! Installing is permanent. From then on every hooked libc call pays the stub, a sharded call
+//! counter and the filter's loads (tens of ns); one on watched pages also two `rt_sigprocmask`
+//! calls and the index lock twice (`umn bench`: about 1.5× an unregistered munmap).
 #![allow(unsafe_code)] // The sink table hands raw `Shared` pointers to hooks.
 
 #[cfg(target_arch = "x86_64")]
