@@ -892,3 +892,53 @@ fn a_registered_heap_trimmed_from_many_threads_with_signals_never_deadlocks() {
     );
     child_ok();
 }
+
+/// Fork while other threads register and unregister (the filter's lock taken and released all
+/// the time) and unmap registered memory (hooks holding index locks): every child starts a
+/// hooks notifier of its own, registers and sees its own munmap, and never hangs.
+#[test]
+fn forks_while_other_threads_register_never_leave_a_child_hanging() {
+    let n = Arc::new(hooks());
+    let stop = Arc::new(AtomicBool::new(false));
+    let busy: Vec<_> = (0..2)
+        .map(|t| {
+            let (n, stop) = (n.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let p = page();
+                let mut i = 0u64;
+                while !stop.load(SeqCst) {
+                    i += 1;
+                    let a = map(2 * p);
+                    let c = Cookie((t << 32) + i);
+                    n.register(a..a + 2 * p, c).unwrap();
+                    unmap(a, p);
+                    n.unregister(c).unwrap();
+                    unmap(a + p, p);
+                }
+            })
+        })
+        .collect();
+    for round in 0..40 {
+        let code = in_child(|| {
+            let m = match Notifier::with_backend(Backend::Hooks) {
+                Ok(m) => m,
+                Err(_) => return 1,
+            };
+            let p = page();
+            let b = map(p);
+            let Ok(r) = m.register(b..b + p, Cookie(1)) else {
+                return 2;
+            };
+            unmap(b, p);
+            if m.is_valid(r) {
+                return 3;
+            }
+            0
+        });
+        assert_eq!(code, 0, "child {round} failed at step {code}");
+    }
+    stop.store(true, SeqCst);
+    for b in busy {
+        b.join().unwrap();
+    }
+}

@@ -4,11 +4,15 @@
 //! 16-bit mask of its watched pages (the OR of the masks of the granules sharing the bucket:
 //! they are 1 GiB apart). A call checks one bucket per granule it touches, so a call on memory
 //! no notifier watches, even right next to a watched page, costs a few loads and no lock. The
-//! exact per-page counts behind the masks sit under a mutex that only registering and
-//! unregistering threads take, never a hook.
+//! exact per-page counts behind the masks sit under a lock that only registering and
+//! unregistering threads take, never a hook (fork takes it too, so a child never inherits it
+//! held).
+#![allow(unsafe_code)] // The fork-safe lock around the exact counts (one UnsafeCell).
+
+use std::cell::UnsafeCell;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::Ordering::SeqCst;
-use std::sync::atomic::{AtomicU16, AtomicUsize};
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicUsize};
 use std::sync::Mutex;
 
 const PAGE_SHIFT: u32 = 12;
@@ -61,7 +65,62 @@ struct Global {
     sharing: HashMap<usize, u32>,
 }
 
-static GLOBAL: Mutex<Option<Global>> = Mutex::new(None);
+/// A lock of our own rather than a `Mutex`: fork must be able to take it in the parent and
+/// release it in the child (see [`fork_prepare`]), or a child forked while another thread
+/// registered would hang in its first registration.
+struct GlobalLock {
+    busy: AtomicBool,
+    data: UnsafeCell<Option<Global>>,
+}
+
+// SAFETY: `data` is only reached through `with_global`, which holds `busy`.
+unsafe impl Sync for GlobalLock {}
+
+static GLOBAL: GlobalLock = GlobalLock {
+    busy: AtomicBool::new(false),
+    data: UnsafeCell::new(None),
+};
+
+fn lock_global() {
+    while GLOBAL
+        .busy
+        .compare_exchange_weak(false, true, Acquire, Relaxed)
+        .is_err()
+    {
+        std::thread::yield_now();
+    }
+}
+
+fn unlock_global() {
+    GLOBAL.busy.store(false, Release);
+}
+
+/// Releases the lock when dropped (also if the closure unwinds).
+struct Held;
+impl Drop for Held {
+    fn drop(&mut self) {
+        unlock_global();
+    }
+}
+
+fn with_global<R>(f: impl FnOnce(&mut Global) -> R) -> R {
+    lock_global();
+    let _held = Held;
+    // SAFETY: `busy` is ours until `_held` drops; no other reference to `data` exists.
+    let g = unsafe { &mut *GLOBAL.data.get() };
+    f(g.get_or_insert_with(Global::default))
+}
+
+/// `pthread_atfork` prepare: fork waits for a registering thread to leave the filter.
+pub(super) fn fork_prepare() {
+    lock_global();
+}
+
+/// `pthread_atfork` parent and child: the lock taken by [`fork_prepare`] is released on both
+/// sides (the child's copy of the filter is consistent: nobody was inside it).
+pub(super) fn fork_release() {
+    unlock_global();
+}
 
 fn mask_of(counts: &[u32; 16]) -> u16 {
     counts
@@ -123,8 +182,7 @@ impl Global {
 }
 
 fn global_add(s: u64, e: u64, delta: i32) {
-    let mut g = GLOBAL.lock().unwrap_or_else(|p| p.into_inner());
-    g.get_or_insert_with(Global::default).add(s, e, delta);
+    with_global(|g| g.add(s, e, delta));
 }
 
 /// The pages one hooks notifier watches, counted once each in the filter. User threads only
@@ -186,6 +244,7 @@ fn remove(ranges: &mut BTreeMap<u64, u64>, s: u64, e: u64) -> Vec<(u64, u64)> {
 
 impl Watch {
     pub(crate) fn new() -> Watch {
+        super::guard_fork();
         Watch {
             ranges: Mutex::new(BTreeMap::new()),
         }

@@ -44,7 +44,9 @@
 //! A `pthread_atfork` child handler empties the sink table, and the hook path also compares
 //! `getpid()` with the process that published the sinks before it takes any lock: a child never
 //! takes a lock a parent's thread held at fork time, and its own unmaps never touch the
-//! parent's (poisoned) registrations.
+//! parent's (poisoned) registrations. The prepare handler waits for an install in progress and
+//! takes the filter's lock, released on both sides, so a child can start hooks notifiers of its
+//! own however the parent's threads were placed at fork.
 //!
 //! # What hooks can not see (shown as missed, never hidden)
 //! Raw `syscall(SYS_munmap, ...)`, io_uring `IORING_OP_MADVISE`, `process_madvise`, ld.so's
@@ -119,12 +121,39 @@ pub(crate) fn invalidate(start: u64, end: u64, unmap: bool, again: bool) {
     }
 }
 
-extern "C" fn forget_sinks_in_child() {
+extern "C" fn fork_prepare() {
+    // An install in progress finishes first (the child would otherwise wait forever on it).
+    while INSTALLING.load(SeqCst) {
+        std::thread::yield_now();
+    }
+    filter::fork_prepare();
+}
+
+extern "C" fn fork_parent() {
+    filter::fork_release();
+}
+
+extern "C" fn fork_child() {
     for (s, u) in SINKS.iter().zip(&USERS) {
         s.store(std::ptr::null_mut(), SeqCst);
         u.store(0, SeqCst);
     }
+    filter::fork_release();
 }
+
+/// Registers the fork handlers once: prepare waits for an install and takes the filter's lock
+/// (so the child never inherits either half done), parent and child release it, and the child
+/// also empties the sink table. All async-signal-safe: atomics only.
+pub(crate) fn guard_fork() {
+    static ATFORK: std::sync::Once = std::sync::Once::new();
+    ATFORK.call_once(|| {
+        // SAFETY: registers handlers with no preconditions that live for the whole process.
+        unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
+    });
+}
+
+/// Set while [`install_now`] runs.
+static INSTALLING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// A notifier's place in the sink table; leaving it waits for hooks still inside.
 pub(crate) struct Sink {
@@ -135,11 +164,7 @@ pub(crate) struct Sink {
 impl Sink {
     /// Publishes `shared` to the hooks. `None` when the table is full.
     pub(crate) fn publish(shared: Arc<Shared>) -> Option<Sink> {
-        static ATFORK: std::sync::Once = std::sync::Once::new();
-        ATFORK.call_once(|| {
-            // SAFETY: registers an async-signal-safe handler that lives for the process.
-            unsafe { libc::pthread_atfork(None, None, Some(forget_sinks_in_child)) };
-        });
+        guard_fork();
         OWNER.store(getpid_raw(), SeqCst);
         let ptr = Arc::as_ptr(&shared) as *mut Shared;
         let slot = SINKS.iter().position(|s| {
@@ -173,7 +198,13 @@ pub(crate) type Installed = Result<String, String>;
 /// Patches libc once per process; later calls return the first result.
 pub(crate) fn install() -> &'static Installed {
     static DONE: OnceLock<Installed> = OnceLock::new();
-    DONE.get_or_init(install_now)
+    guard_fork();
+    DONE.get_or_init(|| {
+        INSTALLING.store(true, SeqCst);
+        let r = install_now();
+        INSTALLING.store(false, SeqCst);
+        r
+    })
 }
 
 #[cfg(target_arch = "x86_64")]
