@@ -461,7 +461,7 @@ ummunotify_result ummunotify_cache_get(const struct ummunotify_cache *c,
                                        struct ummunotify_cache_handle *out);
 
 /*
- Releases a handle from `ummunotify_cache_get()` (any thread) and empties it. NULL or an empty
+ Releases a handle from `ummunotify_cache_get()` (any thread) and marks it empty. NULL or an empty
  handle is a no-op. If its region was invalidated or evicted meanwhile, it is deregistered in a
  later cache call or flush. Async-signal-safe (one store).
 

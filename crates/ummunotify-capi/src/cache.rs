@@ -412,7 +412,7 @@ unsafe fn borrow_handle<'a>(h: *const ummunotify_cache_handle) -> Option<&'a Rus
     }
 }
 
-/// Releases a handle from `ummunotify_cache_get()` (any thread) and empties it. NULL or an empty
+/// Releases a handle from `ummunotify_cache_get()` (any thread) and marks it empty. NULL or an empty
 /// handle is a no-op. If its region was invalidated or evicted meanwhile, it is deregistered in a
 /// later cache call or flush. Async-signal-safe (one store).
 ///
@@ -420,19 +420,18 @@ unsafe fn borrow_handle<'a>(h: *const ummunotify_cache_handle) -> Option<&'a Rus
 /// `h` must be NULL or a handle (live or empty) not used by another thread during the call.
 #[no_mangle]
 pub unsafe extern "C" fn ummunotify_cache_put(h: *mut ummunotify_cache_handle) {
-    guard((), || {
-        // SAFETY: (caller) NULL or a handle.
-        if unsafe { borrow_handle(h) }.is_none() {
-            return;
-        }
-        // SAFETY: a live handle holds a `RustHandle` (see `borrow_handle`); it is read out once
-        // and the storage marked empty, so it is dropped exactly once.
-        unsafe {
-            (*h).opaque[3] = 0;
-            drop(h.cast::<RustHandle>().read());
-            (*h).opaque = [0; 4];
-        }
-    })
+    // No panic boundary needed: nothing here can panic (a handle's drop is one atomic store, or
+    // one atomic decrement for a handle held outside the hazard slots).
+    // SAFETY: (caller) NULL or a handle.
+    if unsafe { borrow_handle(h) }.is_none() {
+        return;
+    }
+    // SAFETY: a live handle holds a `RustHandle` (see `borrow_handle`); it is read out once and
+    // the storage marked empty first, so it is dropped exactly once.
+    unsafe {
+        (*h).opaque[3] = 0;
+        drop(h.cast::<RustHandle>().read());
+    }
 }
 
 /// The device key `register_fn` returned for the handle's registration (0 for NULL or an empty
