@@ -12,7 +12,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <stddef.h>
 #include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/prctl.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/select.h>
@@ -671,6 +676,43 @@ static void test_raw_dup2_over_device(void) {
     CHECK(close(again) == 0);
 }
 
+/* The same raw-syscall checks where kcmp(2) is refused (a container's seccomp profile may deny
+   it): the descriptor's identity must still be told from any other eventfd at the number. (A real
+   device does not use kcmp at all; the checks hold for it too.) */
+static void test_raw_syscalls_without_kcmp(void) {
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        struct sock_filter f[] = {
+            BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+            BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_kcmp, 0, 1),
+            BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
+            BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        };
+        struct sock_fprog prog = {.len = sizeof f / sizeof f[0], .filter = f};
+        CHECK(prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0);
+        CHECK(prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) == 0);
+        CHECK(syscall(SYS_kcmp, getpid(), getpid(), 0, 0, 0) == -1 && errno == EPERM);
+        test_raw_close();
+        test_raw_dup2_over_device();
+        /* Another eventfd placed at a device's number is that eventfd, not the device. */
+        int fd = reopen_dev();
+        int efd = eventfd(5, EFD_CLOEXEC | EFD_NONBLOCK);
+        CHECK(efd >= 0);
+        CHECK(syscall(SYS_dup3, efd, fd, O_CLOEXEC) == fd);
+        __u64 v = 0;
+        CHECK(read(fd, &v, sizeof v) == 8 && v == 5); /* the eventfd's count */
+        CHECK(close(fd) == 0 && close(efd) == 0);
+        int again = reopen_dev();
+        check_device_works(again);
+        CHECK(close(again) == 0);
+        _exit(0);
+    }
+    int status;
+    CHECK(waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
 /* ---- A thread storm on two descriptors, disjoint pages: each descriptor's counter counts
    exactly its own notifications. ---- */
 #define STORM_THREADS 4
@@ -730,6 +772,7 @@ int main(void) {
     test_raw_close();
     test_raw_close_range();
     test_raw_dup2_over_device();
+    test_raw_syscalls_without_kcmp();
     test_storm_two_descriptors();
     printf("abi2010: %d checks passed\n", checks);
     return 0;
