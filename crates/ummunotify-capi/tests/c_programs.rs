@@ -136,6 +136,12 @@ fn c_threads() {
     check_program("threads");
 }
 
+/// The calls the header lists as async-signal-safe, from a signal handler.
+#[test]
+fn c_signals() {
+    check_program("signals");
+}
+
 /// The documented install step and `pkg-config --cflags --libs ummunotify` work end to end.
 #[test]
 fn pkg_config_after_install() {
