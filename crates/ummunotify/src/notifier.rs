@@ -123,6 +123,9 @@ pub(crate) struct Shared {
     fail_next: AtomicBool,
     /// Set by `Drop` before it signals `stop_fd` (read by the monitor when poll itself fails).
     stopping: AtomicBool,
+    /// The message being applied hit at least one region (monitor only; see
+    /// `generation::count_notification`).
+    message_hit: AtomicBool,
 }
 
 /// Proof that the index lock is held, and the only way to reach slot data.
@@ -280,6 +283,9 @@ impl Shared {
             Invalidation::Other => (false, 0),
         };
         self.invalidations.fetch_add(hits, Relaxed);
+        if hits > 0 {
+            self.message_hit.store(true, Relaxed);
+        }
         if newly {
             self.signal_ready(&mut l);
         }
@@ -299,17 +305,21 @@ impl Shared {
     pub(crate) fn begin_message(&self) {
         let mut l = self.lock_index();
         generation::begin_message(self.counter());
+        generation::count_notification(self.counter.notification_word());
         self.signal_ready(&mut l);
     }
 
-    /// Monitor step 6.
+    /// Monitor step 6 (the notification count settled first).
     pub(crate) fn end_message(&self) {
+        let hit = self.message_hit.swap(false, Relaxed);
+        generation::settle_notification(self.counter.notification_word(), hit);
         generation::end_message(self.counter());
     }
 
     /// The monitor can not continue: every check fails from now on.
     pub(crate) fn kill(&self) {
         generation::kill(self.counter());
+        generation::kill(self.counter.notification_word());
         sys::eventfd_signal(self.ready_fd.as_fd());
     }
 
@@ -454,6 +464,9 @@ pub struct ReadEvents {
     /// `UMMUNOTIFY_EVENT_TYPE_LAST` counter). While
     /// [`unchanged_since`](Notifier::unchanged_since) this value, there is nothing to read.
     pub drained: Option<Generation>,
+    /// `Some` with `drained`: the [notification count](Notifier::notifications) at that same
+    /// moment (what the 2010 ABI's LAST record carries).
+    pub drained_notifications: Option<u64>,
 }
 
 /// Tells the process when the mappings behind registered ranges change.
@@ -508,6 +521,7 @@ impl Notifier {
             monitor_tid: AtomicI32::new(0),
             fail_next: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
+            message_hit: AtomicBool::new(false),
         });
         let fork_slot = fork::Slot::new(shared.counter.addr()).ok_or(Error::Os {
             op: "fork registration",
@@ -688,9 +702,44 @@ impl Notifier {
     }
 
     /// A memfd whose first 8 bytes are the live counter: map it `PROT_READ, MAP_SHARED` to get
-    /// another view of [`counter`](Self::counter) (the 2010 ABI's `mmap` of the device).
+    /// another view of [`counter`](Self::counter). At offset
+    /// [`notifications_offset`](Self::notifications_offset) it holds the live
+    /// [notification count](Self::notifications) (the 2010 ABI's `mmap` of the device).
     pub fn counter_fd(&self) -> BorrowedFd<'_> {
         self.shared.counter.fd()
+    }
+
+    /// The 2010 device's counter, exactly: 0 when the notifier starts, then one more for each
+    /// kernel message (one `munmap`, one VMA of a `madvise`, ...) that hit at least one region
+    /// of this notifier; messages over memory no region covers do not count.
+    ///
+    /// Visible before the unmapping call returns: the monitor counts a message before the
+    /// `read()` that releases the unmapping thread, and takes the count back before the
+    /// message's end if it hit nothing (so a message over watched pages outside every region
+    /// shows a count one too high while it is applied). Bit 63 is set when the monitor is dead
+    /// or the process forked, so the value then never equals an earlier one. The
+    /// [`generation`](Self::generation) stays the word for this crate's own checks.
+    ///
+    /// ```no_run
+    /// # use ummunotify::{Cookie, Notifier};
+    /// let n = Notifier::new()?;
+    /// let buf = vec![0u8; 1 << 20];
+    /// let start = buf.as_ptr() as usize;
+    /// n.register(start..start + buf.len(), Cookie(1))?;
+    /// assert_eq!(n.notifications(), 0);
+    /// drop(buf); // free() unmaps the block: one message
+    /// assert_eq!(n.notifications(), 1);
+    /// # Ok::<(), ummunotify::Error>(())
+    /// ```
+    pub fn notifications(&self) -> u64 {
+        self.shared.counter.notification_word().load(SeqCst)
+    }
+
+    /// Where the notification count lives in [`counter_fd`](Self::counter_fd): a page-aligned
+    /// offset, so `mmap(NULL, 8, PROT_READ, MAP_SHARED, counter_fd, notifications_offset)` gives
+    /// a view whose first 8 bytes are the live count.
+    pub fn notifications_offset(&self) -> usize {
+        sys::page_size()
     }
 
     /// Moves pending events to the front of `buf` (re-arming their regions) and reports whether
@@ -745,7 +794,10 @@ impl Notifier {
                     sys::eventfd_drain(sh.ready_fd.as_fd());
                     l.st.ready = false;
                 }
-                break Some(Generation(c));
+                // Stable too: the monitor changes it only between begin_message (which needs
+                // this lock) and end_message (which clears BUSY after it).
+                let notes = sh.counter.notification_word().load(SeqCst);
+                break Some((Generation(c), notes));
             }
             if n == buf.len() {
                 break None;
@@ -756,7 +808,11 @@ impl Notifier {
         for (id, serial, span) in recover {
             self.recover(id, serial, &span);
         }
-        Ok(ReadEvents { count: n, drained })
+        Ok(ReadEvents {
+            count: n,
+            drained: drained.map(|d| d.0),
+            drained_notifications: drained.map(|d| d.1),
+        })
     }
 
     /// Re-arms a region whose watch was lost with an unmap: watch its pages again, then make it

@@ -281,6 +281,36 @@ pub fn run(quick: bool) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
     drop(cache);
     unmap(buf, 1 << 20);
 
+    // The C library's hit against the Rust hit, batch by batch (same region size, own caches).
+    match crate::bench_c::CCache::new() {
+        Ok(c) => {
+            let rcache = Cache::new(NoopRegistrar, Config::default().merge_adjacent(false))?;
+            let rb = map(1 << 20, 0);
+            let cb = map(1 << 20, 0);
+            touch(rb, 1 << 20);
+            touch(cb, 1 << 20);
+            drop(rcache.get(rb, 1 << 20)?);
+            c.hit(cb, 1 << 20);
+            let (c_ns, rust_ns) = paired(
+                batches,
+                per,
+                || c.hit(cb + 8192, 4096),
+                || {
+                    let h = rcache
+                        .get(black_box(rb + 8192), black_box(4096))
+                        .expect("hit");
+                    black_box(&h);
+                },
+            );
+            rows.push(row("cache_hit_c", c_ns, "cache_hit_rust_paired", rust_ns));
+            drop(c);
+            drop(rcache);
+            unmap(rb, 1 << 20);
+            unmap(cb, 1 << 20);
+        }
+        Err(why) => eprintln!("umn bench: no cache_hit_c row: {why}"),
+    }
+
     // 1K vs 1M cached regions: the same warm hit, and a hit rotating over 64 regions (the MRU
     // misses, so it goes through the index).
     let big = if quick { 20_000 } else { 1 << 20 };

@@ -128,7 +128,8 @@ impl Uffd {
         if !self.closed.swap(true, SeqCst) {
             // SAFETY: the fd is open (closed was false) and, per the contract above, no other
             // thread uses it any more; `Drop` will not close it again.
-            unsafe { libc::close(self.fd.as_raw_fd()) };
+            // A raw syscall: an interposed `close` (the 2010 compat preload) must not run here.
+            unsafe { libc::syscall(libc::SYS_close, self.fd.as_raw_fd()) };
         }
     }
 }
