@@ -240,3 +240,10 @@ pub fn imported_stats() -> Option<crate::Stats> {
         .as_ref()
         .map(|g| crate::monitor::object_stats(g.monitor))
 }
+
+/// The imported monitor's `struct fid_mem_monitor *`, if [`import`] succeeded in this process
+/// (libfabric holds the same pointer; its `import_ops` is libfabric's).
+pub fn imported_monitor() -> Option<*mut abi::FidMemMonitor> {
+    let global = GLOBAL.lock().unwrap_or_else(|p| p.into_inner());
+    global.as_ref().map(|g| g.monitor.raw())
+}

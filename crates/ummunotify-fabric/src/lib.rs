@@ -35,5 +35,7 @@ mod capi;
 mod import;
 mod monitor;
 
-pub use import::{import, imported_stats, version_string, ImportError, Imported, LIBRARY_ENV};
+pub use import::{
+    import, imported_monitor, imported_stats, version_string, ImportError, Imported, LIBRARY_ENV,
+};
 pub use monitor::{Monitor, Stats};
