@@ -38,4 +38,4 @@ mod monitor;
 pub use import::{
     import, imported_monitor, imported_stats, version_string, ImportError, Imported, LIBRARY_ENV,
 };
-pub use monitor::{Monitor, Stats};
+pub use monitor::{Monitor, Stats, DEFAULT_MAX_SUBSCRIPTIONS, MAX_SUBSCRIPTIONS_ENV};

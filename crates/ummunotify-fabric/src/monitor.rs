@@ -26,7 +26,7 @@
 //! uses the registration uncached), `stop` forgets it. A `start` in the child builds fresh state
 //! with a fresh notifier.
 use std::cell::UnsafeCell;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::ffi::{c_int, c_void};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -59,6 +59,12 @@ fn install_atfork() {
     });
 }
 
+/// Default limit of distinct subscribed ranges per monitor (8 times libfabric's default
+/// `FI_MR_CACHE_MAX_COUNT` of 1024 entries per cache).
+pub const DEFAULT_MAX_SUBSCRIPTIONS: usize = 8192;
+/// Environment variable overriding [`DEFAULT_MAX_SUBSCRIPTIONS`].
+pub const MAX_SUBSCRIPTIONS_ENV: &str = "UMMUNOTIFY_FABRIC_MAX_SUBSCRIPTIONS";
+
 /// Counters of one monitor, for diagnostics and tests.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -79,6 +85,8 @@ pub struct Stats {
     pub notifies: u64,
     /// Events that found their subscription gone (unsubscribed after the change).
     pub events_dropped: u64,
+    /// Subscriptions ended (with a `notify`) to stay under the limit.
+    pub evictions: u64,
 }
 
 /// One subscribed range.
@@ -94,6 +102,13 @@ struct Table {
     by_range: HashMap<(usize, usize), Sub>,
     by_cookie: HashMap<u64, (usize, usize)>,
     next_cookie: u64,
+    /// Subscriptions in the order they were made (entries of ended ones are skipped, and
+    /// compacted away when the queue grows past twice the limit).
+    order: VecDeque<(u64, (usize, usize))>,
+    /// Subscriptions ended to stay under the limit, owed a `notify` by the delivery thread.
+    evicted: Vec<(u64, usize, usize)>,
+    /// Wakes the delivery thread for `evicted` (while started).
+    wake: Option<OwnedFd>,
 }
 
 /// The delivery thread of a started monitor.
@@ -105,6 +120,8 @@ struct Delivery {
 /// State of one monitor in one process (replaced in a forked child by `start`).
 struct Inner {
     born: u64,
+    /// At most this many distinct subscribed ranges (see [`Monitor::with_max_subscriptions`]).
+    limit: usize,
     table: Mutex<Table>,
     running: Mutex<Option<Delivery>>,
     delivery_thread: Mutex<Option<ThreadId>>,
@@ -116,17 +133,22 @@ struct Inner {
     unsubscribes_unknown: AtomicU64,
     notifies: AtomicU64,
     events_dropped: AtomicU64,
+    evictions: AtomicU64,
 }
 
 impl Inner {
-    fn new() -> Inner {
+    fn new(limit: usize) -> Inner {
         Inner {
             born: FORKS.load(SeqCst),
+            limit,
             table: Mutex::new(Table {
                 notifier: None,
                 by_range: HashMap::new(),
                 by_cookie: HashMap::new(),
                 next_cookie: 1,
+                order: VecDeque::new(),
+                evicted: Vec::new(),
+                wake: None,
             }),
             running: Mutex::new(None),
             delivery_thread: Mutex::new(None),
@@ -137,6 +159,7 @@ impl Inner {
             unsubscribes_unknown: AtomicU64::new(0),
             notifies: AtomicU64::new(0),
             events_dropped: AtomicU64::new(0),
+            evictions: AtomicU64::new(0),
         }
     }
 
@@ -159,6 +182,7 @@ pub(crate) struct MonitorObject {
     raw: UnsafeCell<FidMemMonitor>,
     export_ops: UnsafeCell<FiOpsMemMonitor>,
     inner: AtomicPtr<Inner>,
+    limit: usize,
 }
 
 // SAFETY: `raw` and `export_ops` are written only before the object is shared (construction) and
@@ -169,8 +193,9 @@ unsafe impl Sync for MonitorObject {}
 unsafe impl Send for MonitorObject {}
 
 impl MonitorObject {
-    fn new() -> Box<MonitorObject> {
+    fn new(limit: usize) -> Box<MonitorObject> {
         install_atfork();
+        let limit = limit.max(1);
         let obj = Box::new(MonitorObject {
             raw: UnsafeCell::new(FidMemMonitor {
                 fid: abi::Fid {
@@ -189,7 +214,8 @@ impl MonitorObject {
                 unsubscribe: Some(unsubscribe),
                 valid: Some(valid),
             }),
-            inner: AtomicPtr::new(Box::into_raw(Box::new(Inner::new()))),
+            inner: AtomicPtr::new(Box::into_raw(Box::new(Inner::new(limit)))),
+            limit,
         });
         // SAFETY: the object is not shared yet; the pointer targets its own field, which never
         // moves (boxed).
@@ -259,10 +285,25 @@ impl Default for Monitor {
 
 impl Monitor {
     /// A monitor that is not started and not imported; its `import_ops` is null until libfabric
-    /// (or the caller) sets it. No notifier exists until `start`.
+    /// (or the caller) sets it. No notifier exists until `start`. At most
+    /// [`DEFAULT_MAX_SUBSCRIPTIONS`] distinct ranges (or `UMMUNOTIFY_FABRIC_MAX_SUBSCRIPTIONS`).
     pub fn new() -> Monitor {
+        let limit = std::env::var(MAX_SUBSCRIPTIONS_ENV)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(DEFAULT_MAX_SUBSCRIPTIONS);
+        Monitor::with_max_subscriptions(limit)
+    }
+
+    /// A monitor that keeps at most `limit` (at least 1) distinct subscribed ranges.
+    ///
+    /// libfabric up to 2.0 never unsubscribes: a range stays subscribed after its cache entry was
+    /// evicted, until its memory changes. To keep memory bounded by the limit, a subscribe that
+    /// would exceed it ends the oldest subscription, and libfabric is told with a `notify` for
+    /// that range (which drops the entry if it is still cached: a spurious, safe invalidation).
+    pub fn with_max_subscriptions(limit: usize) -> Monitor {
         Monitor {
-            obj: Box::into_raw(MonitorObject::new()),
+            obj: Box::into_raw(MonitorObject::new(limit)),
         }
     }
 
@@ -310,7 +351,8 @@ impl Monitor {
         }
         let inner = self.obj().inner();
         loop {
-            if n.stats().pending == 0 && !inner.in_flight.load(SeqCst) {
+            let evicted = inner.table().evicted.len();
+            if n.stats().pending == 0 && evicted == 0 && !inner.in_flight.load(SeqCst) {
                 return true;
             }
             if Instant::now() >= deadline {
@@ -330,6 +372,7 @@ fn stats_notifier(obj: &MonitorObject) -> (Stats, Option<Arc<Notifier>>) {
         unsubscribes_unknown: inner.unsubscribes_unknown.load(Relaxed),
         notifies: inner.notifies.load(Relaxed),
         events_dropped: inner.events_dropped.load(Relaxed),
+        evictions: inner.evictions.load(Relaxed),
         ..Stats::default()
     };
     if inner.inherited() {
@@ -388,7 +431,7 @@ unsafe extern "C" fn start(mon: *mut FidMemMonitor) -> c_int {
         let mut inner = obj.inner();
         if inner.inherited() {
             // A child: fresh state; the parent's is leaked (its locks may be held forever).
-            let fresh = Box::into_raw(Box::new(Inner::new()));
+            let fresh = Box::into_raw(Box::new(Inner::new(obj.limit)));
             obj.inner.store(fresh, Release);
             inner = obj.inner();
         }
@@ -403,6 +446,13 @@ unsafe extern "C" fn start(mon: *mut FidMemMonitor) -> c_int {
                 return -abi::FI_ENOSYS;
             }
         };
+        // Wait until the notifier's monitor thread runs its own code: its start-up in the thread
+        // library maps memory (a signal stack, a malloc arena), and made later, right after an
+        // unmap, that mapping would often land in the hole the unmap left, where the program's
+        // own mmap at that address (x == y) then fails.
+        while notifier.monitor_tid() == 0 {
+            std::thread::yield_now();
+        }
         // SAFETY: eventfd with valid flags; the fd is owned on the same line.
         let stop_fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
         if stop_fd < 0 {
@@ -413,7 +463,21 @@ unsafe extern "C" fn start(mon: *mut FidMemMonitor) -> c_int {
         let Ok(stop_dup) = stop_fd.try_clone() else {
             return -abi::FI_ENOMEM;
         };
-        inner.table().notifier = Some(notifier.clone());
+        // SAFETY: as for the stop eventfd.
+        let wake_fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if wake_fd < 0 {
+            return -abi::FI_ENOMEM;
+        }
+        // SAFETY: a fresh fd we own.
+        let wake_fd = unsafe { OwnedFd::from_raw_fd(wake_fd) };
+        let Ok(wake_dup) = wake_fd.try_clone() else {
+            return -abi::FI_ENOMEM;
+        };
+        {
+            let mut t = inner.table();
+            t.notifier = Some(notifier.clone());
+            t.wake = Some(wake_fd);
+        }
         let obj_addr = obj as *const MonitorObject as usize;
         let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel::<()>(1);
         let spawned = std::thread::Builder::new()
@@ -428,7 +492,7 @@ unsafe extern "C" fn start(mon: *mut FidMemMonitor) -> c_int {
                 // mmap at that address (x == y) would find it taken.
                 drop(std::hint::black_box(Box::new(0u64)));
                 let _ = ready_tx.send(());
-                deliver(obj, &notifier, stop_dup);
+                deliver(obj, &notifier, stop_dup, wake_dup);
             });
         match spawned {
             Ok(thread) => {
@@ -445,7 +509,9 @@ unsafe extern "C" fn start(mon: *mut FidMemMonitor) -> c_int {
             }
             Err(e) => {
                 eprintln!("ummunotify-fabric: cannot start the delivery thread: {e}");
-                inner.table().notifier = None;
+                let mut t = inner.table();
+                t.notifier = None;
+                t.wake = None;
                 -abi::FI_ENOMEM
             }
         }
@@ -479,6 +545,9 @@ unsafe extern "C" fn stop(mon: *mut FidMemMonitor) {
             let mut t = inner.table();
             t.by_range.clear();
             t.by_cookie.clear();
+            t.order.clear();
+            t.evicted.clear();
+            t.wake = None;
             t.notifier.take()
         };
         drop(notifier); // outside the table lock: joins the notifier's monitor thread
@@ -510,6 +579,10 @@ unsafe extern "C" fn subscribe(mon: *mut FidMemMonitor, addr: *const c_void, len
         t.next_cookie += 1;
         match notifier.register(range.0..range.1, Cookie(cookie)) {
             Ok(region) => {
+                if t.by_range.len() >= inner.limit {
+                    evict_oldest(inner, &mut t);
+                }
+                t.order.push_back((cookie, range));
                 t.by_range.insert(
                     range,
                     Sub {
@@ -530,6 +603,32 @@ unsafe extern "C" fn subscribe(mon: *mut FidMemMonitor, addr: *const c_void, len
         inner.subscribe_failures.fetch_add(1, Relaxed);
     }
     rc
+}
+
+/// Ends the oldest live subscription (its `notify` is owed: the delivery thread makes it, since
+/// this runs under libfabric's `mm_lock`, which `notify` takes).
+fn evict_oldest(inner: &Inner, t: &mut Table) {
+    while let Some((cookie, range)) = t.order.pop_front() {
+        if t.by_cookie.get(&cookie) != Some(&range) {
+            continue; // ended already
+        }
+        t.by_cookie.remove(&cookie);
+        t.by_range.remove(&range);
+        t.evicted.push((cookie, range.0, range.1));
+        inner.evictions.fetch_add(1, Relaxed);
+        if let Some(w) = &t.wake {
+            let one: u64 = 1;
+            // SAFETY: writes 8 bytes from a live u64 to our eventfd.
+            unsafe { libc::write(w.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        }
+        break;
+    }
+    if t.order.len() > 2 * inner.limit {
+        let Table {
+            order, by_cookie, ..
+        } = t;
+        order.retain(|(c, r)| by_cookie.get(c) == Some(r));
+    }
 }
 
 unsafe extern "C" fn unsubscribe(mon: *mut FidMemMonitor, addr: *const c_void, len: usize) {
@@ -588,15 +687,17 @@ unsafe extern "C" fn valid(mon: *mut FidMemMonitor, addr: *const c_void, len: us
     })
 }
 
-/// Events taken from the notifier per round (fixed buffers: the loop does not allocate).
+/// Events taken from the notifier per round (fixed buffers: the loop does not allocate while
+/// it handles events).
 const BATCH: usize = 64;
 
-/// The delivery thread: waits for notifier events and hands each invalidated subscription's
-/// range to libfabric's `notify`, with no lock of ours held.
-fn deliver(obj: &MonitorObject, notifier: &Notifier, stop: OwnedFd) {
+/// The delivery thread: waits for notifier events (and evictions) and hands each ended
+/// subscription's range to libfabric's `notify`, with no lock of ours held.
+fn deliver(obj: &MonitorObject, notifier: &Notifier, stop: OwnedFd, wake: OwnedFd) {
     let inner = obj.inner();
     let mut events = [Event::default(); BATCH];
     let mut owed = [(0u64, 0usize, 0usize); BATCH];
+    let mut evicted = Vec::new();
     let mut broken = false;
     loop {
         let mut fds = [
@@ -610,43 +711,50 @@ fn deliver(obj: &MonitorObject, notifier: &Notifier, stop: OwnedFd) {
                 events: if broken { 0 } else { libc::POLLIN },
                 revents: 0,
             },
+            libc::pollfd {
+                fd: wake.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
         ];
-        // SAFETY: two live pollfds.
-        let rc = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+        // SAFETY: three live pollfds.
+        let rc = unsafe { libc::poll(fds.as_mut_ptr(), 3, -1) };
         if rc < 0 {
             continue; // EINTR
         }
         if fds[0].revents != 0 {
             return;
         }
-        if fds[1].revents == 0 {
-            continue;
-        }
         inner.in_flight.store(true, SeqCst);
-        let read = match notifier.read_events(&mut events) {
-            Ok(r) => r.count,
-            Err(e) => {
-                // Forked or monitor dead: every region reads invalid, so valid() is false for
-                // every entry; nothing more will come. Wait for stop only.
-                eprintln!("ummunotify-fabric: the notifier stopped delivering events: {e}");
-                broken = true;
-                inner.in_flight.store(false, SeqCst);
-                continue;
-            }
-        };
         let mut n = 0;
-        {
-            let mut t = inner.table();
-            for ev in &events[..read] {
-                match t.by_cookie.remove(&ev.cookie.0) {
-                    Some(range) => {
-                        t.by_range.remove(&range);
-                        owed[n] = (ev.cookie.0, ev.start, ev.end);
-                        n += 1;
+        if fds[2].revents != 0 {
+            let mut buf = 0u64;
+            // SAFETY: reads 8 bytes into a live u64 from our (non-blocking) eventfd.
+            unsafe { libc::read(wake.as_raw_fd(), (&mut buf as *mut u64).cast(), 8) };
+            std::mem::swap(&mut evicted, &mut inner.table().evicted);
+        }
+        if fds[1].revents != 0 {
+            match notifier.read_events(&mut events) {
+                Ok(r) => {
+                    let mut t = inner.table();
+                    for ev in &events[..r.count] {
+                        match t.by_cookie.remove(&ev.cookie.0) {
+                            Some(range) => {
+                                t.by_range.remove(&range);
+                                owed[n] = (ev.cookie.0, ev.start, ev.end);
+                                n += 1;
+                            }
+                            None => {
+                                inner.events_dropped.fetch_add(1, Relaxed);
+                            }
+                        }
                     }
-                    None => {
-                        inner.events_dropped.fetch_add(1, Relaxed);
-                    }
+                }
+                Err(e) => {
+                    // Forked or monitor dead: every region reads invalid, so valid() is false for
+                    // every entry; nothing more will come. Wait for stop (and evictions) only.
+                    eprintln!("ummunotify-fabric: the notifier stopped delivering events: {e}");
+                    broken = true;
                 }
             }
         }
@@ -655,19 +763,18 @@ fn deliver(obj: &MonitorObject, notifier: &Notifier, stop: OwnedFd) {
         let ops = unsafe { ptr::read_volatile(&(*obj.raw()).import_ops) };
         // SAFETY: non-null `import_ops` points to libfabric's static table.
         let notify = (!ops.is_null()).then(|| unsafe { (*ops).notify }).flatten();
-        for &(_, start, end) in &owed[..n] {
+        for &(cookie, start, end) in owed[..n].iter().chain(evicted.iter()) {
             if let Some(notify) = notify {
                 // SAFETY: libfabric's notify with its monitor pointer and the invalidated range;
                 // no lock of ours is held (it takes mm_lock and may call unsubscribe).
                 unsafe { notify(obj.raw(), start as *const c_void, end - start) };
                 inner.notifies.fetch_add(1, Relaxed);
             }
-        }
-        for &(cookie, _, _) in &owed[..n] {
             // The subscription ended with its invalidation (libfabric dropped every entry on the
             // range); a later subscribe registers the range afresh.
             let _ = notifier.unregister(Cookie(cookie));
         }
+        evicted.clear();
         inner.in_flight.store(false, SeqCst);
     }
 }

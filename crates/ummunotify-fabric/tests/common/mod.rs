@@ -101,7 +101,11 @@ unsafe impl Sync for Driver {}
 impl Driver {
     /// A started monitor (as on libfabric's first MR cache).
     pub fn new(flavour: Flavour) -> Driver {
-        let monitor = Monitor::new();
+        Driver::with_monitor(flavour, Monitor::new())
+    }
+
+    /// A started `monitor`.
+    pub fn with_monitor(flavour: Flavour, monitor: Monitor) -> Driver {
         let raw = monitor.as_raw();
         let mut import_ops = Box::new(FiOpsMemNotify {
             size: std::mem::size_of::<FiOpsMemNotify>(),
