@@ -28,6 +28,8 @@ extern "C" {
 #define UMMUNOTIFY_FABRIC_BUSY 3    /* -FI_EBUSY: another monitor was imported first (Open MPI's
                                        memory patcher), or an MR cache is already active */
 #define UMMUNOTIFY_FABRIC_FAILED 4  /* any other refusal (see ummunotify_fabric_message) */
+#define UMMUNOTIFY_FABRIC_OVERRIDDEN 5 /* FI_MR_CACHE_MONITOR is set: libfabric would replace an
+                                          imported monitor with it when it initializes */
 
 /* Makes ummunotify libfabric's memory monitor. Idempotent; thread-safe. On failure libfabric
  * is unchanged and keeps its own monitor. */

@@ -15,6 +15,8 @@ pub const TOO_OLD: c_int = 2;
 pub const BUSY: c_int = 3;
 /// `UMMUNOTIFY_FABRIC_FAILED`: any other refusal.
 pub const FAILED: c_int = 4;
+/// `UMMUNOTIFY_FABRIC_OVERRIDDEN`: `FI_MR_CACHE_MONITOR` is set (libfabric would undo the import).
+pub const OVERRIDDEN: c_int = 5;
 
 /// The message of the last `ummunotify_fabric_import` (kept for `ummunotify_fabric_message`).
 static MESSAGE: Mutex<Option<CString>> = Mutex::new(None);
@@ -40,6 +42,7 @@ fn outcome() -> (c_int, String) {
                 ImportError::Absent(_) => ABSENT,
                 ImportError::TooOld { .. } => TOO_OLD,
                 ImportError::Busy { .. } => BUSY,
+                ImportError::Overridden { .. } => OVERRIDDEN,
                 _ => FAILED,
             },
             e.to_string(),
@@ -78,6 +81,7 @@ pub extern "C" fn ummunotify_fabric_strerror(code: c_int) -> *const c_char {
         TOO_OLD => c"libfabric is too old (the import monitor needs 1.13)",
         BUSY => c"libfabric already has an imported or active memory monitor (-FI_EBUSY)",
         FAILED => c"libfabric refused the monitor",
+        OVERRIDDEN => c"FI_MR_CACHE_MONITOR is set: libfabric would replace the imported monitor",
         _ => c"unknown ummunotify_fabric code",
     }
     .as_ptr()

@@ -49,6 +49,12 @@ pub enum ImportError {
         /// Its `fi_version()`.
         version: u32,
     },
+    /// `FI_MR_CACHE_MONITOR` is set: libfabric applies it when it initializes (at the first
+    /// `fi_getinfo`), over an imported monitor, so the import would be silently undone.
+    Overridden {
+        /// The variable's value.
+        value: String,
+    },
     /// Any other refusal: the libfabric call and its error.
     Failed {
         /// What was called.
@@ -80,6 +86,11 @@ impl fmt::Display for ImportError {
                  ^patcher, see docs/MPI.md), or an MR cache is already active (import before \
                  the first fi_getinfo/fi_domain)",
                 version_string(*version)
+            ),
+            ImportError::Overridden { value } => write!(
+                f,
+                "FI_MR_CACHE_MONITOR={value} is set: libfabric would replace an imported \
+                 monitor with it at initialization; unset it to use ummunotify"
             ),
             ImportError::Failed {
                 call,
@@ -145,11 +156,15 @@ unsafe fn sym<F: Copy>(handle: *mut libc::c_void, name: &CStr) -> Option<F> {
 /// ```
 ///
 /// # Errors
-/// [`ImportError`]: libfabric absent, too old, busy (another monitor first), or another refusal.
+/// [`ImportError`]: libfabric absent, too old, busy (another monitor first), overridden by
+/// `FI_MR_CACHE_MONITOR`, or another refusal.
 pub fn import() -> Result<Imported, ImportError> {
     let mut global = GLOBAL.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(g) = &*global {
         return Ok(Imported::Already { version: g.version });
+    }
+    if let Ok(value) = std::env::var("FI_MR_CACHE_MONITOR") {
+        return Err(ImportError::Overridden { value });
     }
     let path = std::env::var(LIBRARY_ENV).unwrap_or_else(|_| "libfabric.so.1".into());
     let cpath = CString::new(path.clone()).map_err(|_| ImportError::Absent(path.clone()))?;

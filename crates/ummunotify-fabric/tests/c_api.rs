@@ -145,3 +145,18 @@ fn preload_reports_libfabric_absent() {
         "{err}"
     );
 }
+
+#[test]
+fn preload_refuses_when_fi_mr_cache_monitor_would_override_it() {
+    let Some((lib, exe)) = build() else { return };
+    let out = run(
+        &exe,
+        &["own"],
+        &[
+            ("LD_PRELOAD", lib.to_str().unwrap()),
+            ("FI_MR_CACHE_MONITOR", "userfaultfd"),
+        ],
+    );
+    assert!(out.status.success(), "the program's own monitor went in");
+    assert!(stderr(&out).contains("FI_MR_CACHE_MONITOR=userfaultfd is set"));
+}
