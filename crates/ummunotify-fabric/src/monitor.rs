@@ -28,6 +28,7 @@
 use std::cell::UnsafeCell;
 use std::collections::{HashMap, VecDeque};
 use std::ffi::{c_int, c_void};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
@@ -96,11 +97,37 @@ struct Sub {
     refs: u64,
 }
 
+/// A hasher for addresses and cookies (the keys come from libfabric and from us, not from an
+/// adversary, so SipHash's flood resistance buys nothing here; it was most of `valid()`'s cost).
+#[derive(Default)]
+struct AddrHasher(u64);
+
+impl Hasher for AddrHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        // Fibonacci hashing, folded so the high bits (where hashbrown looks) see every input bit.
+        let x = (self.0.rotate_left(5) ^ v).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        self.0 = x ^ (x >> 29);
+    }
+    fn write_usize(&mut self, v: usize) {
+        self.write_u64(v as u64);
+    }
+}
+
+type AddrMap<K, V> = HashMap<K, V, BuildHasherDefault<AddrHasher>>;
+
 /// The live subscriptions, by exact range and by cookie.
 struct Table {
     notifier: Option<Arc<Notifier>>,
-    by_range: HashMap<(usize, usize), Sub>,
-    by_cookie: HashMap<u64, (usize, usize)>,
+    by_range: AddrMap<(usize, usize), Sub>,
+    by_cookie: AddrMap<u64, (usize, usize)>,
     next_cookie: u64,
     /// Subscriptions in the order they were made (entries of ended ones are skipped, and
     /// compacted away when the queue grows past twice the limit).
@@ -143,8 +170,8 @@ impl Inner {
             limit,
             table: Mutex::new(Table {
                 notifier: None,
-                by_range: HashMap::new(),
-                by_cookie: HashMap::new(),
+                by_range: AddrMap::default(),
+                by_cookie: AddrMap::default(),
                 next_cookie: 1,
                 order: VecDeque::new(),
                 evicted: Vec::new(),

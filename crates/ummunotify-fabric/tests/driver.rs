@@ -18,7 +18,8 @@ use ummunotify_testkit::changes::{
 use ummunotify_testkit::pagemap::is_pfn_unavailable;
 use ummunotify_testkit::require::{missing_feature, skip_or_fail};
 
-/// One test at a time: several map and unmap memory and count notifications.
+/// One test at a time: several map and unmap memory and count notifications, and a child spawned
+/// by one keeps the others' userfaultfd contexts alive until its exec.
 static SERIAL: Mutex<()> = Mutex::new(());
 
 fn serial() -> MutexGuard<'static, ()> {
@@ -78,6 +79,10 @@ fn every_catalogue_change_reaches_valid_and_notify() {
     if child_case_from_env().is_some() {
         return;
     }
+    // Serial too: a child being spawned holds copies of this process's fds until its exec, and a
+    // userfaultfd context closed meanwhile by another test stays alive (and keeps its pages
+    // registered: the next registration there gets EBUSY) until the copy is closed.
+    let _g = serial();
     for &kind in ChangeKind::ALL {
         if let Some(report) = in_child(kind) {
             check(&report);
