@@ -101,7 +101,8 @@ fn preload_imports_from_its_constructor() {
     );
     assert!(out.status.success());
     assert!(
-        stderr(&out).contains("ummunotify is libfabric 1."),
+        stderr(&out).contains("ummunotify is libfabric ")
+            && stderr(&out).contains("memory monitor"),
         "the preload reports what it did"
     );
     // Turned off: the program's own monitor goes in.
@@ -111,7 +112,11 @@ fn preload_imports_from_its_constructor() {
         &[("LD_PRELOAD", lib), ("UMMUNOTIFY_FABRIC", "0")],
     );
     assert!(out.status.success());
-    assert!(stderr(&out).is_empty(), "silent when turned off");
+    // (Only our own lines: `timeout` itself may warn, e.g. when timer_create is refused.)
+    assert!(
+        !stderr(&out).contains("ummunotify-fabric"),
+        "silent when turned off"
+    );
 }
 
 #[test]
