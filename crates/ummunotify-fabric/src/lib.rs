@@ -12,10 +12,12 @@
 //! libfabric (1.13 and newer) lets a program replace its memory monitor by importing a
 //! `struct fid_mem_monitor`. This crate is such a monitor on top of a [`ummunotify::Notifier`]:
 //!
-//! * `subscribe(addr, len)` registers the range (refcounted: identical subscriptions, which
-//!   libfabric makes once per MR cache, share one region);
-//! * `valid(addr, len)` is the notifier's O(1) region check, false from the moment any unmapping
-//!   call touching the range has returned (no syscall, no allocation);
+//! * `subscribe(addr, len)` registers the range; identical and overlapping subscriptions (one
+//!   per MR cache) are counted per range, each with a region of its own on the memory mapped at
+//!   the time, and `unsubscribe` ends one of them;
+//! * `valid(addr, len)` is true only if every subscription on the range passes the notifier's
+//!   O(1) region check, so false from the moment any unmapping call touching the range has
+//!   returned (no syscall, no allocation);
 //! * invalidations reach libfabric as `import_ops->notify(addr, len)` from a delivery thread of
 //!   this crate, never from inside a libfabric callback and never from the notifier's monitor
 //!   thread (see `docs/ARCHITECTURE.md`, "libfabric monitor");

@@ -60,7 +60,7 @@ fn install_atfork() {
     });
 }
 
-/// Default limit of distinct subscribed ranges per monitor (8 times libfabric's default
+/// Default limit of subscriptions per monitor (8 times libfabric's default
 /// `FI_MR_CACHE_MAX_COUNT` of 1024 entries per cache).
 pub const DEFAULT_MAX_SUBSCRIPTIONS: usize = 8192;
 /// Environment variable overriding [`DEFAULT_MAX_SUBSCRIPTIONS`].
@@ -72,7 +72,7 @@ pub const MAX_SUBSCRIPTIONS_ENV: &str = "UMMUNOTIFY_FABRIC_MAX_SUBSCRIPTIONS";
 pub struct Stats {
     /// Whether the monitor is started (owns a notifier and a delivery thread).
     pub started: bool,
-    /// Distinct subscribed ranges now (identical subscriptions share one).
+    /// Subscriptions now (each its own notifier region; identical ranges each count).
     pub subscriptions: usize,
     /// `subscribe` calls that succeeded.
     pub subscribes: u64,
@@ -90,11 +90,20 @@ pub struct Stats {
     pub evictions: u64,
 }
 
-/// One subscribed range.
+/// One subscription: one `subscribe` call, one notifier region on the memory mapped at the
+/// range when it was made.
+///
+/// Identical subscriptions are not shared: the memory at a range may be replaced while the
+/// unmapping thread is still blocked in the kernel (userfaultfd frees the address before it
+/// waits for the monitor), so an older subscription may watch a mapping that is already gone,
+/// and sharing it would leave the new memory unwatched.
 struct Sub {
     cookie: u64,
     region: Region,
-    refs: u64,
+    /// Its `notify` is owed or under way (invalidated, or evicted by the limit). It stays in the
+    /// table until that `notify` returned, so that meanwhile `valid` answers false for the range:
+    /// another MR cache may still hold an entry on the old pages until the `notify` reached it.
+    ending: bool,
 }
 
 /// A hasher for addresses and cookies (the keys come from libfabric and from us, not from an
@@ -126,8 +135,11 @@ type AddrMap<K, V> = HashMap<K, V, BuildHasherDefault<AddrHasher>>;
 /// The live subscriptions, by exact range and by cookie.
 struct Table {
     notifier: Option<Arc<Notifier>>,
-    by_range: AddrMap<(usize, usize), Sub>,
+    /// Subscriptions by exact range, oldest first.
+    by_range: AddrMap<(usize, usize), Vec<Sub>>,
     by_cookie: AddrMap<u64, (usize, usize)>,
+    /// Subscriptions in `by_range`.
+    subs: usize,
     next_cookie: u64,
     /// Subscriptions in the order they were made (entries of ended ones are skipped, and
     /// compacted away when the queue grows past twice the limit).
@@ -136,6 +148,40 @@ struct Table {
     evicted: Vec<(u64, usize, usize)>,
     /// Wakes the delivery thread for `evicted` (while started).
     wake: Option<OwnedFd>,
+    /// Subscriptions in `by_range` that are `ending`.
+    ending: usize,
+}
+
+impl Table {
+    /// The subscription named `cookie`.
+    fn sub_mut(&mut self, cookie: u64) -> Option<&mut Sub> {
+        let range = self.by_cookie.get(&cookie)?;
+        self.by_range
+            .get_mut(range)?
+            .iter_mut()
+            .find(|s| s.cookie == cookie)
+    }
+
+    /// Removes the subscription named `cookie` from the table; false if there was none.
+    fn remove(&mut self, cookie: u64) -> bool {
+        let Some(range) = self.by_cookie.remove(&cookie) else {
+            return false;
+        };
+        let Some(v) = self.by_range.get_mut(&range) else {
+            return false;
+        };
+        let Some(i) = v.iter().position(|s| s.cookie == cookie) else {
+            return false;
+        };
+        if v.remove(i).ending {
+            self.ending -= 1;
+        }
+        if v.is_empty() {
+            self.by_range.remove(&range);
+        }
+        self.subs -= 1;
+        true
+    }
 }
 
 /// The delivery thread of a started monitor.
@@ -147,7 +193,7 @@ struct Delivery {
 /// State of one monitor in one process (replaced in a forked child by `start`).
 struct Inner {
     born: u64,
-    /// At most this many distinct subscribed ranges (see [`Monitor::with_max_subscriptions`]).
+    /// At most this many subscriptions (see [`Monitor::with_max_subscriptions`]).
     limit: usize,
     table: Mutex<Table>,
     running: Mutex<Option<Delivery>>,
@@ -172,10 +218,12 @@ impl Inner {
                 notifier: None,
                 by_range: AddrMap::default(),
                 by_cookie: AddrMap::default(),
+                subs: 0,
                 next_cookie: 1,
                 order: VecDeque::new(),
                 evicted: Vec::new(),
                 wake: None,
+                ending: 0,
             }),
             running: Mutex::new(None),
             delivery_thread: Mutex::new(None),
@@ -313,7 +361,7 @@ impl Default for Monitor {
 impl Monitor {
     /// A monitor that is not started and not imported; its `import_ops` is null until libfabric
     /// (or the caller) sets it. No notifier exists until `start`. At most
-    /// [`DEFAULT_MAX_SUBSCRIPTIONS`] distinct ranges (or `UMMUNOTIFY_FABRIC_MAX_SUBSCRIPTIONS`).
+    /// [`DEFAULT_MAX_SUBSCRIPTIONS`] subscriptions (or `UMMUNOTIFY_FABRIC_MAX_SUBSCRIPTIONS`).
     pub fn new() -> Monitor {
         let limit = std::env::var(MAX_SUBSCRIPTIONS_ENV)
             .ok()
@@ -322,7 +370,7 @@ impl Monitor {
         Monitor::with_max_subscriptions(limit)
     }
 
-    /// A monitor that keeps at most `limit` (at least 1) distinct subscribed ranges.
+    /// A monitor that keeps at most `limit` (at least 1) subscriptions.
     ///
     /// libfabric up to 2.0 never unsubscribes: a range stays subscribed after its cache entry was
     /// evicted, until its memory changes. To keep memory bounded by the limit, a subscribe that
@@ -407,7 +455,7 @@ fn stats_notifier(obj: &MonitorObject) -> (Stats, Option<Arc<Notifier>>) {
     }
     let t = inner.table();
     s.started = t.notifier.is_some();
-    s.subscriptions = t.by_range.len();
+    s.subscriptions = t.subs;
     (s, t.notifier.clone())
 }
 
@@ -572,9 +620,11 @@ unsafe extern "C" fn stop(mon: *mut FidMemMonitor) {
             let mut t = inner.table();
             t.by_range.clear();
             t.by_cookie.clear();
+            t.subs = 0;
             t.order.clear();
             t.evicted.clear();
             t.wake = None;
+            t.ending = 0;
             t.notifier.take()
         };
         drop(notifier); // outside the table lock: joins the notifier's monitor thread
@@ -596,29 +646,21 @@ unsafe extern "C" fn subscribe(mon: *mut FidMemMonitor, addr: *const c_void, len
         let Some(notifier) = t.notifier.clone() else {
             return -abi::FI_ENOSYS; // not started
         };
-        if let Some(sub) = t.by_range.get_mut(&range) {
-            // Shared even when already invalidated: valid() then answers false for every entry
-            // on this range until the notify for it (which uncaches them all) was delivered.
-            sub.refs += 1;
-            return abi::FI_SUCCESS;
-        }
         let cookie = t.next_cookie;
         t.next_cookie += 1;
         match notifier.register(range.0..range.1, Cookie(cookie)) {
             Ok(region) => {
-                if t.by_range.len() >= inner.limit {
+                if t.subs - t.ending >= inner.limit {
                     evict_oldest(inner, &mut t);
                 }
                 t.order.push_back((cookie, range));
-                t.by_range.insert(
-                    range,
-                    Sub {
-                        cookie,
-                        region,
-                        refs: 1,
-                    },
-                );
+                t.by_range.entry(range).or_default().push(Sub {
+                    cookie,
+                    region,
+                    ending: false,
+                });
                 t.by_cookie.insert(cookie, range);
+                t.subs += 1;
                 abi::FI_SUCCESS
             }
             Err(e) => fi_error(&e),
@@ -636,11 +678,14 @@ unsafe extern "C" fn subscribe(mon: *mut FidMemMonitor, addr: *const c_void, len
 /// this runs under libfabric's `mm_lock`, which `notify` takes).
 fn evict_oldest(inner: &Inner, t: &mut Table) {
     while let Some((cookie, range)) = t.order.pop_front() {
-        if t.by_cookie.get(&cookie) != Some(&range) {
+        let Some(sub) = t.sub_mut(cookie) else {
             continue; // ended already
+        };
+        if sub.ending {
+            continue; // its notify is on the way already
         }
-        t.by_cookie.remove(&cookie);
-        t.by_range.remove(&range);
+        sub.ending = true;
+        t.ending += 1;
         t.evicted.push((cookie, range.0, range.1));
         inner.evictions.fetch_add(1, Relaxed);
         if let Some(w) = &t.wake {
@@ -672,23 +717,23 @@ unsafe extern "C" fn unsubscribe(mon: *mut FidMemMonitor, addr: *const c_void, l
             return;
         };
         let mut t = inner.table();
-        let gone = match t.by_range.get_mut(&range) {
-            None => {
-                inner.unsubscribes_unknown.fetch_add(1, Relaxed);
-                return;
-            }
-            Some(sub) => {
-                sub.refs -= 1;
-                (sub.refs == 0).then_some(sub.cookie)
-            }
+        // libfabric does not say which entry leaves, so the newest subscription on the range
+        // ends. Always safe: the ones left are older, so each watches the memory of the leaving
+        // entry or memory that was replaced since, which reads invalid once that unmap returned.
+        // (Ending the oldest could leave an older, stale entry looking valid.)
+        let Some(cookie) = t
+            .by_range
+            .get(&range)
+            .and_then(|v| v.last())
+            .map(|s| s.cookie)
+        else {
+            inner.unsubscribes_unknown.fetch_add(1, Relaxed);
+            return;
         };
-        if let Some(cookie) = gone {
-            t.by_range.remove(&range);
-            t.by_cookie.remove(&cookie);
-            if let Some(n) = &t.notifier {
-                // Its pending event (if any) is discarded with it: the entries are gone.
-                let _ = n.unregister(Cookie(cookie));
-            }
+        t.remove(cookie);
+        if let Some(n) = &t.notifier {
+            // Its pending event (if any) is discarded with it.
+            let _ = n.unregister(Cookie(cookie));
         }
     })
 }
@@ -706,8 +751,10 @@ unsafe extern "C" fn valid(mon: *mut FidMemMonitor, addr: *const c_void, len: us
         };
         // No allocation, no syscall: a hash lookup and the notifier's two-load region check.
         let t = inner.table();
+        // Every subscription on the range must read valid: an older one may be the only watch of
+        // the memory some MR cache's entry was registered on.
         match (&t.notifier, t.by_range.get(&range)) {
-            (Some(n), Some(sub)) => n.is_valid(sub.region),
+            (Some(n), Some(subs)) => subs.iter().all(|s| !s.ending && n.is_valid(s.region)),
             // Not subscribed (any more): its notify is delivered or on the way. Never "valid".
             _ => false,
         }
@@ -725,6 +772,7 @@ fn deliver(obj: &MonitorObject, notifier: &Notifier, stop: OwnedFd, wake: OwnedF
     let mut events = [Event::default(); BATCH];
     let mut owed = [(0u64, 0usize, 0usize); BATCH];
     let mut evicted = Vec::new();
+    let mut ended: Vec<u64> = Vec::with_capacity(BATCH);
     let mut broken = false;
     loop {
         let mut fds = [
@@ -765,13 +813,16 @@ fn deliver(obj: &MonitorObject, notifier: &Notifier, stop: OwnedFd, wake: OwnedF
                 Ok(r) => {
                     let mut t = inner.table();
                     for ev in &events[..r.count] {
-                        match t.by_cookie.remove(&ev.cookie.0) {
-                            Some(range) => {
-                                t.by_range.remove(&range);
+                        match t.sub_mut(ev.cookie.0) {
+                            Some(sub) if !sub.ending => {
+                                sub.ending = true;
+                                t.ending += 1;
                                 owed[n] = (ev.cookie.0, ev.start, ev.end);
                                 n += 1;
                             }
-                            None => {
+                            // Unsubscribed meanwhile (its entries are gone), or already ending
+                            // (evicted: that notify covers the range).
+                            _ => {
                                 inner.events_dropped.fetch_add(1, Relaxed);
                             }
                         }
@@ -790,15 +841,28 @@ fn deliver(obj: &MonitorObject, notifier: &Notifier, stop: OwnedFd, wake: OwnedF
         let ops = unsafe { ptr::read_volatile(&(*obj.raw()).import_ops) };
         // SAFETY: non-null `import_ops` points to libfabric's static table.
         let notify = (!ops.is_null()).then(|| unsafe { (*ops).notify }).flatten();
-        for &(cookie, start, end) in owed[..n].iter().chain(evicted.iter()) {
+        for &(_, start, end) in owed[..n].iter().chain(evicted.iter()) {
             if let Some(notify) = notify {
                 // SAFETY: libfabric's notify with its monitor pointer and the invalidated range;
                 // no lock of ours is held (it takes mm_lock and may call unsubscribe).
                 unsafe { notify(obj.raw(), start as *const c_void, end - start) };
                 inner.notifies.fetch_add(1, Relaxed);
             }
-            // The subscription ended with its invalidation (libfabric dropped every entry on the
-            // range); a later subscribe registers the range afresh.
+        }
+        // Every MR cache dropped its entries on these ranges: the subscriptions end now (unless
+        // an unsubscribe inside notify ended them already), and a later subscribe of a range
+        // registers it afresh. Entries subscribed after the notify took mm_lock find no
+        // subscription and read invalid: libfabric registers them again.
+        ended.clear();
+        {
+            let mut t = inner.table();
+            for &(cookie, _, _) in owed[..n].iter().chain(evicted.iter()) {
+                if t.remove(cookie) {
+                    ended.push(cookie);
+                }
+            }
+        }
+        for &cookie in &ended {
             let _ = notifier.unregister(Cookie(cookie));
         }
         evicted.clear();

@@ -99,22 +99,25 @@ fn child_entry() {
 }
 
 #[test]
-fn identical_subscriptions_share_one_region_and_one_notify() {
+fn identical_subscriptions_each_get_one_notify() {
     let _g = serial();
     let d = Driver::new(Flavour::V1_17);
     let r = map(4);
     // Two MR caches (two domains) cache the same buffer: two subscribes of one range.
     assert_eq!(d.register(r.clone()), 0);
     assert_eq!(d.register(r.clone()), 0);
-    assert_eq!(d.monitor.stats().subscriptions, 1);
+    // Not shared: each watches the memory mapped when it was made (see `Sub` in monitor.rs).
+    assert_eq!(d.monitor.stats().subscriptions, 2);
+    assert_eq!(d.monitor.notifier().unwrap().stats().regions, 2);
     assert!(d.valid(r.clone()));
     unmap(r.start + page()..r.start + 2 * page());
     assert!(!d.valid(r.clone()), "valid() after munmap returned");
     d.settle();
+    let hole = r.start + page()..r.start + 2 * page();
     assert_eq!(
         d.notified(),
-        vec![r.start + page()..r.start + 2 * page()],
-        "one notify with the unmapped range"
+        vec![hole.clone(), hole],
+        "one notify per subscription, with the unmapped range"
     );
     assert_eq!(d.mm_lock().dropped.len(), 2, "both cache entries dropped");
     assert_eq!(d.monitor.stats().subscriptions, 0);
@@ -177,8 +180,10 @@ fn unsubscribe_inside_notify_as_libfabric_2_1_does() {
     let s = d.monitor.stats();
     assert_eq!(s.subscriptions, 0);
     assert_eq!(
-        s.unsubscribes_unknown, 2,
-        "the re-entrant unsubscribes found their subscriptions already ended: {s:?}"
+        (s.unsubscribes, s.unsubscribes_unknown),
+        (2, 0),
+        "the re-entrant unsubscribes found their subscriptions (kept until notify returned) and \
+         ended them: {s:?}"
     );
     unmap(r.start..r.start + 2 * p);
     unmap(r.start + 3 * p..r.end);
@@ -403,4 +408,74 @@ fn fork_child_never_trusts_the_parent_and_starts_afresh() {
     assert!(!d.valid(r.clone()));
     d.settle();
     assert_eq!(d.notified_for(&r), vec![r]);
+}
+
+#[test]
+fn concurrent_caches_never_see_a_stale_entry() {
+    let _g = serial();
+    // Four threads act as users of libfabric's caches at once (2.1's flavour, so unsubscribes
+    // happen too): each maps a buffer, registers it (subscribe under mm_lock), hits it, then
+    // unmaps it or evicts it. The kernel hands freed addresses out again, so threads register
+    // ranges other threads just unmapped (x == y across caches). The stale use libfabric must
+    // never make: an entry made before an unmapping call returned is still cached and valid()
+    // says true for its range. At the end nothing may be left registered.
+    let d = Driver::new(Flavour::V2_1);
+    let threads = 4;
+    let rounds = 300;
+    let stats = Mutex::new((0u64, 0u64)); // (unmapped, fresh entries read invalid)
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let (d, stats) = (&d, &stats);
+            s.spawn(move || {
+                for i in 0..rounds {
+                    let r = map(1 + (i + t) % 3);
+                    let entry = d.register_entry(r.clone()).expect("subscribe");
+                    if !d.valid(r.clone()) {
+                        // The range's previous subscription still awaits its notify: its
+                        // entries, possibly in another cache, may be stale; ours waits too.
+                        stats.lock().unwrap().1 += 1;
+                    }
+                    if (i + t) % 2 == 0 {
+                        // Entries numbered below `before` were made before the munmap below
+                        // returned (entries made while it runs may be too; they are not judged).
+                        let before = d.mm_lock().next_seq;
+                        unmap(r.clone());
+                        let tree = d.mm_lock();
+                        let stale = tree.entries.iter().any(|(e, seq)| *e == r && *seq < before);
+                        if stale {
+                            assert!(
+                                !d.valid_locked(r.clone()),
+                                "an entry made before munmap returned is cached and valid: \
+                                 thread {t} round {i} {r:x?}, entries {:?}",
+                                tree.entries
+                                    .iter()
+                                    .filter(|(e, _)| *e == r)
+                                    .collect::<Vec<_>>()
+                            );
+                        }
+                        drop(tree);
+                        stats.lock().unwrap().0 += 1;
+                    } else {
+                        d.evict_entry(entry);
+                        unmap(r.clone());
+                    }
+                }
+            });
+        }
+    });
+    d.settle();
+    let s = d.monitor.stats();
+    let (unmapped, waited) = stats.into_inner().unwrap();
+    assert_eq!(s.subscriptions, 0, "{s:?}");
+    assert_eq!(
+        d.mm_lock().entries.len(),
+        0,
+        "every entry was unmapped or evicted"
+    );
+    assert_eq!(d.monitor.notifier().unwrap().stats().regions, 0);
+    eprintln!(
+        "{threads} threads x {rounds} rounds: {unmapped} unmapped, {} notifies, {waited} fresh \
+         entries read invalid until an older notify, {} subscribes, {} unsubscribes",
+        s.notifies, s.subscribes, s.unsubscribes
+    );
 }

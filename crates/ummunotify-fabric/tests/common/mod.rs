@@ -37,8 +37,10 @@ pub enum Flavour {
 /// The cache tree libfabric keeps under `mm_lock`, reduced to what the monitor sees.
 #[derive(Debug, Default)]
 pub struct CacheTree {
-    /// Cached entries (their ranges), as subscribed.
-    pub entries: Vec<Range<usize>>,
+    /// Cached entries: their ranges, as subscribed, and the order in which they were made.
+    pub entries: Vec<(Range<usize>, u64)>,
+    /// The order number the next entry gets.
+    pub next_seq: u64,
     /// Every `notify(addr, len)` received, in order.
     pub notified: Vec<Range<usize>>,
     /// Entries `notify` dropped.
@@ -74,9 +76,9 @@ unsafe extern "C" fn notify(mon: *mut FidMemMonitor, addr: *const c_void, len: u
     while let Some(i) = tree
         .entries
         .iter()
-        .position(|e| e.start < range.end && range.start < e.end)
+        .position(|(e, _)| e.start < range.end && range.start < e.end)
     {
-        let e = tree.entries.remove(i);
+        let (e, _) = tree.entries.remove(i);
         tree.dropped.push(e.clone());
         if shared.flavour == Flavour::V2_1 {
             // SAFETY: the monitor's own unsubscribe, with mm_lock held as libfabric holds it.
@@ -155,13 +157,15 @@ impl Driver {
     }
 
     pub fn register_locked(&self, tree: &mut CacheTree, range: Range<usize>) -> i32 {
-        tree.entries.push(range.clone());
+        let seq = tree.next_seq;
+        tree.next_seq += 1;
+        tree.entries.push((range.clone(), seq));
         // SAFETY: the monitor's subscribe with mm_lock held.
         let rc = unsafe {
             (self.ops().subscribe.unwrap())(self.raw, range.start as *const c_void, range.len())
         };
         if rc != 0 {
-            let i = tree.entries.iter().position(|e| *e == range).unwrap();
+            let i = tree.entries.iter().position(|e| e.1 == seq).unwrap();
             tree.entries.remove(i);
         }
         rc
@@ -178,10 +182,33 @@ impl Driver {
         unsafe { (self.ops().valid.unwrap())(self.raw, range.start as *const c_void, range.len()) }
     }
 
+    /// `register`, returning the entry's number (for [`Driver::evict_entry`]) or subscribe's error.
+    pub fn register_entry(&self, range: Range<usize>) -> Result<u64, i32> {
+        let mut tree = self.mm_lock();
+        let seq = tree.next_seq;
+        match self.register_locked(&mut tree, range) {
+            0 => Ok(seq),
+            rc => Err(rc),
+        }
+    }
+
+    /// Entry `seq` leaves the tree, if `notify` has not dropped it: unsubscribed in 2.1+.
+    pub fn evict_entry(&self, seq: u64) {
+        let mut tree = self.mm_lock();
+        let Some(i) = tree.entries.iter().position(|(_, s)| *s == seq) else {
+            return;
+        };
+        let (range, _) = tree.entries.remove(i);
+        if self.shared.flavour == Flavour::V2_1 {
+            self.unsubscribe_locked(range);
+        }
+    }
+
     /// An entry leaves the tree (eviction, or purge after a failed `valid`): unsubscribed in 2.1+.
+    /// The first entry with this range (tests where ranges are unique).
     pub fn evict(&self, range: Range<usize>) {
         let mut tree = self.mm_lock();
-        if let Some(i) = tree.entries.iter().position(|e| *e == range) {
+        if let Some(i) = tree.entries.iter().position(|(e, _)| *e == range) {
             tree.entries.remove(i);
         }
         if self.shared.flavour == Flavour::V2_1 {
