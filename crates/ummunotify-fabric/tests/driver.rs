@@ -479,3 +479,49 @@ fn concurrent_caches_never_see_a_stale_entry() {
         s.notifies, s.subscribes, s.unsubscribes
     );
 }
+
+#[test]
+fn fork_while_another_thread_holds_the_table_lock_never_hangs_the_child() {
+    let _g = serial();
+    // A thread hammers valid() (which takes the table lock) while the main thread forks: some
+    // children are born with the lock held by a thread they do not have. They must never touch
+    // it (and so never hang), and must start afresh when libfabric starts the monitor.
+    let d = Driver::new(Flavour::V1_17);
+    let r = map(2);
+    assert_eq!(d.register(r.clone()), 0);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                std::hint::black_box(d.valid_locked(r.clone()));
+            }
+        });
+        for _ in 0..50 {
+            // SAFETY: the child calls only the monitor's entry points and _exit.
+            let pid = unsafe { libc::fork() };
+            assert!(pid >= 0, "fork");
+            if pid == 0 {
+                let ops = d.ops();
+                let raw = d.raw();
+                let at = r.start as *const libc::c_void;
+                // SAFETY: the monitor's own entry points, with its pointer, on mapped memory.
+                let code = unsafe {
+                    if (ops.valid.unwrap())(raw, at, r.len()) {
+                        1
+                    } else if (ops.subscribe.unwrap())(raw, at, r.len()) == 0 {
+                        2
+                    } else {
+                        (ops.stop.unwrap())(raw);
+                        0
+                    }
+                };
+                // SAFETY: leave without running the parent's destructors or test harness.
+                unsafe { libc::_exit(code) };
+            }
+            assert_eq!(wait_child(pid), 0, "child failed");
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+    assert!(d.valid(r.clone()), "the parent is unaffected");
+    unmap(r);
+}
