@@ -13,7 +13,6 @@
 //! its cache tree is modelled here, so the tests can see which entries `notify` dropped.
 #![allow(dead_code)]
 
-use std::collections::HashMap;
 use std::ffi::c_void;
 use std::ops::Range;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -351,6 +350,3 @@ pub fn page() -> usize {
     // SAFETY: sysconf has no preconditions.
     unsafe { libc::sysconf(libc::_SC_PAGESIZE) as usize }
 }
-
-/// Subscriptions by id, for tests that need a count.
-pub type Counts = HashMap<Range<usize>, usize>;
