@@ -943,6 +943,14 @@ impl Notifier {
         }
     }
 
+    /// Sets the VMA budget (default: half of `vm.max_map_count`), for tests and benchmarks of
+    /// the watch policy: with 0, every new region is watched as the whole VMAs it lies in.
+    /// Regions registered before keep their watches. Not part of the stable API.
+    #[doc(hidden)]
+    pub fn set_vma_budget(&self, limit: usize) {
+        self.shared.lock_registry().budget.limit = limit;
+    }
+
     /// Fault injection for tests: the monitor fails while applying the next message, as a bug in
     /// the event path would. It must then report every region invalid and keep releasing
     /// unmapping threads. Not part of the stable API.
