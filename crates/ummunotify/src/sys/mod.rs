@@ -4,6 +4,8 @@
 //! `OwnedFd`s created on the same line as the syscall, and turns `-1` into `io::Error`.
 #![allow(unsafe_code)] // The crate's general-purpose syscalls live here and nowhere else.
 
+pub(crate) mod vma;
+
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
