@@ -61,8 +61,14 @@ fn check(report: &CaseReport) {
         report.kind,
         report.problems
     );
-    assert!(report.detected, "{}: {text}", report.kind);
-    assert_eq!(report.stale_uses, 0, "{text}");
+    if report.expected {
+        assert!(report.detected, "{}: {text}", report.kind);
+        assert_eq!(report.stale_uses, 0, "{text}");
+    } else {
+        // A kind userfaultfd is never told of (shmdt, MADV_GUARD_INSTALL, ...): libfabric can
+        // not learn of it through this monitor either, and the table says so.
+        assert!(!report.detected && report.stale_uses > 0, "{text}");
+    }
 }
 
 /// Runs `kind` in a fresh process of this test binary (only `child_entry` runs there): the
