@@ -1,7 +1,9 @@
 #!/bin/bash
 # Compares the ummunotify cache's hit (get + drop of a warm region) with UCX 1.22's
 # ucs_rcache_get + ucs_rcache_region_put, measured one right after the other in the same
-# invocation (the machine is noisy: only same-run ratios mean anything).
+# invocation (the machine is noisy: only same-run ratios mean anything). The C library's hit
+# (ummunotify_cache_get + _put through libummunotify.so) is measured by umn bench, batch by
+# batch against the Rust hit in the same process (row cache_hit_c).
 #
 # Builds the UCX harness from ../shared/peers/ucx against the PyPI wheel libucx-cu12==1.22.0
 # (downloaded with pip into $UCX_WORK, default /tmp/umn-ucx; nothing is written to the repo).
@@ -41,7 +43,7 @@ gcc -O2 -Wall -I"$W/include" -L"$W/lib" -Wl,-rpath,"$W/lib" -DUCX_RCACHE_V2 \
   fail "gcc could not build the harness against UCX 1.22: $(head -3 "$WORK/gcc.log")"
 
 # Our side first, then UCX right after.
-(cd "$REPO" && cargo build --release -q -p umn) || { echo "ucx_compare: cargo build failed" >&2; exit 1; }
+(cd "$REPO" && cargo build --release -q -p umn -p ummunotify-capi) || { echo "ucx_compare: cargo build failed" >&2; exit 1; }
 UMN=${CARGO_TARGET_DIR:-$REPO/target}/release/umn
 OURS_JSON=$("$UMN" bench --json) || { echo "ucx_compare: umn bench failed" >&2; exit 1; }
 UCX_OUT=$(UCX_LOG_LEVEL=error "$BIN" "$ITERS" 20000 2>&1) || fail "the UCX harness failed: $(echo "$UCX_OUT" | tail -3)"
@@ -61,4 +63,12 @@ print()
 print(f"ummunotify cache hit (get + drop, median of batch means): {hit:6.1f} ns")
 print(f"UCX 1.22 rcache get + put (batch-1000, median / mean):     {ucx_median:6.1f} / {ucx_mean:.1f} ns")
 print(f"ratio ummunotify / UCX (median):                          {hit / ucx_median:6.2f}  (target <= 0.50)")
+if "cache_hit_c" not in ours:
+    print("ucx_compare: umn bench gave no cache_hit_c row (see its stderr)", file=sys.stderr); sys.exit(2)
+c_hit = ours["cache_hit_c"]["ns_per_op"]
+rust_paired = ours["cache_hit_c"]["baseline"]
+print(f"C library hit (ummunotify_cache_get + _put, .so):         {c_hit:6.1f} ns")
+print(f"Rust hit measured alongside it (paired batches):          {rust_paired:6.1f} ns")
+print(f"ratio C hit / Rust hit:                                   {c_hit / rust_paired:6.2f}  (target <= 1.5)")
+print(f"ratio C hit / UCX (median):                               {c_hit / ucx_median:6.2f}  (target <= 0.35)")
 PY

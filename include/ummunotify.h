@@ -8,6 +8,22 @@
  * return ummunotify_result (0 = UMMUNOTIFY_OK, errors in 4100..4299, above every errno);
  * ummunotify_strerror() names a code, ummunotify_last_error() gives the detailed message of the
  * calling thread's last failure. No call ever lets a Rust panic unwind into C.
+ *
+ * Versions: UMMUNOTIFY_VERSION_MAJOR/MINOR/PATCH give the header's at compile time,
+ * ummunotify_version() the loaded library's; the SONAME is libummunotify.so.<MAJOR>. Structs
+ * with a leading `size` field can grow in later versions: set `size = sizeof` before a call.
+ *
+ * Async-signal-safe (may be called from a signal handler; no lock, no allocation, no TLS):
+ *   reading *ummunotify_notifier_counter(), ummunotify_notifier_unchanged_since(),
+ *   ummunotify_notifier_is_valid() (waits while the monitor applies a message, with
+ *   sched_yield), ummunotify_notifier_fd(),
+ *   ummunotify_notifier_counter_fd(), ummunotify_cache_put(), ummunotify_cache_handle_key(),
+ *   ummunotify_cache_handle_range(), ummunotify_cache_handle_is_valid(),
+ *   ummunotify_strerror(), ummunotify_version().
+ * Every other call may allocate or take a lock (and sets the thread's last error on failure):
+ * not async-signal-safe. In particular ummunotify_cache_get() (thread-local state, and a miss
+ * registers), ummunotify_notifier_generation() (its errors are recorded), every
+ * _new/_free/register/unregister/read_events call, ummunotify_last_error().
  */
 
 #ifndef UMMUNOTIFY_H
@@ -22,6 +38,22 @@
 /* The live counter word: always read through a volatile pointer. */
 typedef volatile uint64_t ummunotify_counter_word;
 
+
+/*
+ Major version of the library the header belongs to, at compile time (the SONAME is
+ `libummunotify.so.<major>`); `ummunotify_version()` gives the one loaded at run time.
+ */
+#define UMMUNOTIFY_VERSION_MAJOR 0
+
+/*
+ Minor version (see `UMMUNOTIFY_VERSION_MAJOR`).
+ */
+#define UMMUNOTIFY_VERSION_MINOR 1
+
+/*
+ Patch version (see `UMMUNOTIFY_VERSION_MAJOR`).
+ */
+#define UMMUNOTIFY_VERSION_PATCH 0
 
 /*
  `ummunotify_event.flags`: exactly one invalidation hit the region before its event was read;
@@ -140,12 +172,6 @@ typedef uint32_t ummunotify_result;
 typedef struct ummunotify_cache ummunotify_cache;
 
 /*
- One use of a cached registration (opaque), from `ummunotify_cache_get()`; release it with
- `ummunotify_cache_put()`. While held, its registration stays registered.
- */
-typedef struct ummunotify_cache_handle ummunotify_cache_handle;
-
-/*
  A notifier (opaque). Create with `ummunotify_notifier_new()`, release with
  `ummunotify_notifier_free()`. Every function taking a `const ummunotify_notifier *` may be
  called from any thread concurrently.
@@ -153,9 +179,21 @@ typedef struct ummunotify_cache_handle ummunotify_cache_handle;
 typedef struct ummunotify_notifier ummunotify_notifier;
 
 /*
- Limits and policy of a cache. Start from `ummunotify_cache_config_default()`.
+ Limits and policy of a cache. Set `size`, then fill the rest with
+ `ummunotify_cache_config_default()`:
+
+ ```c
+ ummunotify_cache_config cfg = {.size = sizeof cfg};
+ ummunotify_cache_config_default(&cfg);
+ cfg.max_regions = 1024;
+ ```
  */
 typedef struct ummunotify_cache_config {
+  /*
+   `sizeof(ummunotify_cache_config)` as the caller was compiled (the struct may grow in later
+   versions; fields a newer program sets that this library lacks must be zero).
+   */
+  size_t size;
   /*
    Most regions kept cached (unused ones are evicted, least recently used first).
    */
@@ -213,9 +251,28 @@ typedef struct ummunotify_registrar {
 } ummunotify_registrar;
 
 /*
- Counters of a cache, filled by `ummunotify_cache_get_stats()`.
+ One use of a cached registration: storage the caller provides (on its stack, in its request
+ struct), filled by `ummunotify_cache_get()` and released with `ummunotify_cache_put()`. While
+ held, its registration stays registered. Its contents are opaque; an all-zero handle is an
+ empty one (`put` of it does nothing). Do not copy a live handle: use it where `get` put it.
+ */
+typedef struct ummunotify_cache_handle {
+  /*
+   Opaque.
+   */
+  uint64_t opaque[4];
+} ummunotify_cache_handle;
+
+/*
+ Counters of a cache, filled by `ummunotify_cache_get_stats()` (set `size` first:
+ `ummunotify_cache_stats st = {.size = sizeof st};`).
  */
 typedef struct ummunotify_cache_stats {
+  /*
+   `sizeof(ummunotify_cache_stats)` as the caller was compiled (the struct may grow; the
+   library fills what both know).
+   */
+  size_t size;
   /*
    `get` calls served by a cached region.
    */
@@ -259,25 +316,6 @@ typedef struct ummunotify_cache_stats {
 } ummunotify_cache_stats;
 
 /*
- A token for one registered region: checks it in O(1) with `ummunotify_notifier_is_valid()`.
- Copy it freely; its fields are opaque (do not interpret or change them).
- */
-typedef struct ummunotify_region {
-  /*
-   Opaque.
-   */
-  uint32_t slot;
-  /*
-   Opaque (always 0).
-   */
-  uint32_t reserved;
-  /*
-   Opaque.
-   */
-  uint64_t tag;
-} ummunotify_region;
-
-/*
  One invalidation event (at most one pending per region; reading it re-arms the region).
  */
 typedef struct ummunotify_event {
@@ -304,9 +342,36 @@ typedef struct ummunotify_event {
 } ummunotify_event;
 
 /*
- Counters for diagnostics, filled by `ummunotify_notifier_get_stats()`.
+ A token for one registered region: checks it in O(1) with `ummunotify_notifier_is_valid()`.
+ Copy it freely; its fields are opaque (do not interpret or change them). It names the
+ notifier that issued it: checked on any other notifier it reads invalid. An all-zero token
+ never reads valid.
+ */
+typedef struct ummunotify_region {
+  /*
+   Opaque.
+   */
+  uint32_t slot;
+  /*
+   Opaque: the issuing notifier (never 0).
+   */
+  uint32_t notifier;
+  /*
+   Opaque.
+   */
+  uint64_t tag;
+} ummunotify_region;
+
+/*
+ Counters for diagnostics, filled by `ummunotify_notifier_get_stats()` (set `size` first:
+ `ummunotify_notifier_stats st = {.size = sizeof st};`).
  */
 typedef struct ummunotify_notifier_stats {
+  /*
+   `sizeof(ummunotify_notifier_stats)` as the caller was compiled (the struct may grow; the
+   library fills what both know).
+   */
+  size_t size;
   /*
    Registered regions.
    */
@@ -338,12 +403,16 @@ extern "C" {
 #endif // __cplusplus
 
 /*
- Fills `*out` with the default limits (65536 regions, no byte limit, merge adjacent).
+ Fills `*out` (whose `size` the caller set) with the default limits (65536 regions, no byte
+ limit, merge adjacent).
+
+ Errors: `UMMUNOTIFY_ERR_NULL_ARGUMENT`, `UMMUNOTIFY_ERR_INVALID_ARGUMENT` (`out->size` not
+ set; nothing written).
 
  # Safety
- `out` must be NULL or writable.
+ `out` must be NULL or point to `out->size` writable bytes.
  */
-void ummunotify_cache_config_default(struct ummunotify_cache_config *out);
+ummunotify_result ummunotify_cache_config_default(struct ummunotify_cache_config *out);
 
 /*
  Creates a cache (and its own notifier) over the C registrar `*registrar` (copied), with the
@@ -374,45 +443,49 @@ ummunotify_result ummunotify_cache_free(struct ummunotify_cache *c);
 
 /*
  A registration covering `[addr, addr + len)`: a cached one whose memory is unchanged (a hit,
- a few nanoseconds), or a new one made through `register_fn` (a miss). Stores a handle in
- `*out`; read the key with `ummunotify_cache_handle_key()` and release it with
- `ummunotify_cache_put()`.
+ a few nanoseconds: no lock, no allocation, no write to memory other threads use), or a new one
+ made through `register_fn` (a miss). Fills the caller's `*out`; read the key with
+ `ummunotify_cache_handle_key()` and release it with `ummunotify_cache_put()`. On error `*out`
+ is left empty (all zero).
 
  Errors: `UMMUNOTIFY_ERR_EMPTY_RANGE`, `_WRAPPING_RANGE`, `_UNMAPPED` (bad range),
  `UMMUNOTIFY_ERR_REGISTER` (`register_fn` failed; `ummunotify_last_error()` has its errno),
  `UMMUNOTIFY_ERR_UNSTABLE` (the memory kept changing), `_FORKED`, `_MONITOR_DEAD`.
 
  # Safety
- `c` must be NULL or a live cache; `out` NULL or writable.
+ `c` must be NULL or a live cache; `out` NULL or writable, and not a live handle.
  */
 ummunotify_result ummunotify_cache_get(const struct ummunotify_cache *c,
                                        size_t addr,
                                        size_t len,
-                                       struct ummunotify_cache_handle **out);
+                                       struct ummunotify_cache_handle *out);
 
 /*
- Releases a handle from `ummunotify_cache_get()` (any thread). NULL is a no-op. If its region
- was invalidated or evicted meanwhile, it is deregistered in a later cache call or flush.
+ Releases a handle from `ummunotify_cache_get()` (any thread) and marks it empty. NULL or an empty
+ handle is a no-op. If its region was invalidated or evicted meanwhile, it is deregistered in a
+ later cache call or flush. Async-signal-safe (one store).
 
  # Safety
- `h` must be NULL or a live handle, not used after this call.
+ `h` must be NULL or a handle (live or empty) not used by another thread during the call.
  */
 void ummunotify_cache_put(struct ummunotify_cache_handle *h);
 
 /*
- The device key `register_fn` returned for the handle's registration (0 for NULL).
+ The device key `register_fn` returned for the handle's registration (0 for NULL or an empty
+ handle). Async-signal-safe.
 
  # Safety
- `h` must be NULL or a live handle.
+ `h` must be NULL or a handle.
  */
 uint64_t ummunotify_cache_handle_key(const struct ummunotify_cache_handle *h);
 
 /*
  The registered range (page-aligned, covering the range passed to `get`): stores its start in
- `*start` and length in `*len` (either may be NULL). Zeros for a NULL handle.
+ `*start` and length in `*len` (either may be NULL). Zeros for NULL or an empty handle.
+ Async-signal-safe.
 
  # Safety
- `h` must be NULL or a live handle; `start`, `len` NULL or writable.
+ `h` must be NULL or a handle; `start`, `len` NULL or writable.
  */
 void ummunotify_cache_handle_range(const struct ummunotify_cache_handle *h,
                                    size_t *start,
@@ -421,10 +494,11 @@ void ummunotify_cache_handle_range(const struct ummunotify_cache_handle *h,
 /*
  Whether the memory behind the handle's registration is unchanged since it was registered (two
  loads). False once a change of its pages returned to its caller, in any thread: I/O through
- this registration would use the old pages. False for NULL.
+ this registration would use the old pages. False for NULL or an empty handle.
+ Async-signal-safe.
 
  # Safety
- `h` must be NULL or a live handle.
+ `h` must be NULL or a handle.
  */
 bool ummunotify_cache_handle_is_valid(const struct ummunotify_cache_handle *h);
 
@@ -440,8 +514,11 @@ ummunotify_result ummunotify_cache_flush(const struct ummunotify_cache *c);
 /*
  Fills `*out` with the cache's counters.
 
+ Errors: `UMMUNOTIFY_ERR_NULL_ARGUMENT`, `UMMUNOTIFY_ERR_INVALID_ARGUMENT` (`out->size` not
+ set).
+
  # Safety
- `c` must be NULL or a live cache; `out` NULL or writable.
+ `c` must be NULL or a live cache; `out` NULL or `out->size` writable bytes.
  */
 ummunotify_result ummunotify_cache_get_stats(const struct ummunotify_cache *c,
                                              struct ummunotify_cache_stats *out);
@@ -456,6 +533,27 @@ ummunotify_result ummunotify_cache_get_stats(const struct ummunotify_cache *c,
  `c` must be NULL or a live cache.
  */
 const struct ummunotify_notifier *ummunotify_cache_notifier(const struct ummunotify_cache *c);
+
+/*
+ Moves up to `capacity` events of *your* regions on `ummunotify_cache_notifier()` into
+ `events` and stores their number in `*count` (0: none pending). The cache reads the
+ notifier's queue for its own regions and sets yours aside: at most one per region (a region
+ hit again before you read its event gets one event without `UMMUNOTIFY_EVENT_FLAG_HINT`
+ whose range covers every hit), and the events of regions you unregistered are dropped, so the
+ memory this takes is bounded by your regions. Read them here, not with
+ `ummunotify_notifier_read_events()` on the cache's notifier (that would take the cache's own
+ events too). Call again while `*count == capacity`.
+
+ Errors: `UMMUNOTIFY_ERR_NULL_ARGUMENT`, `_FORKED`, `_MONITOR_DEAD`.
+
+ # Safety
+ `c` must be NULL or a live cache; `events` NULL or `capacity` writable elements; `count`
+ NULL or writable.
+ */
+ummunotify_result ummunotify_cache_read_events(const struct ummunotify_cache *c,
+                                               struct ummunotify_event *events,
+                                               size_t capacity,
+                                               size_t *count);
 
 /*
  A static, NUL-terminated description of `result` (any value, known or not). Never NULL; the
@@ -622,10 +720,13 @@ ummunotify_result ummunotify_notifier_read_events(const struct ummunotify_notifi
                                                   uint64_t *drained);
 
 /*
- Fills `*out` with diagnostic counters.
+ Fills `*out` (whose `size` the caller set) with diagnostic counters.
+
+ Errors: `UMMUNOTIFY_ERR_NULL_ARGUMENT`, `UMMUNOTIFY_ERR_INVALID_ARGUMENT` (`out->size` not
+ set).
 
  # Safety
- `n` must be NULL or a live handle; `out` NULL or writable.
+ `n` must be NULL or a live handle; `out` NULL or `out->size` writable bytes.
  */
 ummunotify_result ummunotify_notifier_get_stats(const struct ummunotify_notifier *n,
                                                 struct ummunotify_notifier_stats *out);

@@ -1,6 +1,7 @@
 #!/bin/sh
-# Builds (release) and installs libummunotify.so/.a, ummunotify.h, ummunotify.pc and the 2010 ABI
-# preload library libummunotify-compat.so.
+# Builds (release) and installs libummunotify.so.X.Y.Z (SONAME libummunotify.so.X, with the
+# libummunotify.so.X and libummunotify.so links), libummunotify.a, ummunotify.h, ummunotify.pc
+# and the 2010 ABI preload library libummunotify-compat.so.
 #
 #   crates/ummunotify-capi/install.sh [--from DIR] PREFIX      (e.g. /usr/local)
 #
@@ -23,8 +24,14 @@ if [ -z "$from" ]; then
 fi
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' "$root/Cargo.toml" | head -n 1)
 
+major=${version%%.*}
+
 install -d "$dest$libdir/pkgconfig" "$dest$prefix/include"
-install -m 0755 "$from/libummunotify.so" "$dest$libdir/libummunotify.so"
+# The real file carries the full version; the SONAME link (what programs load) and the
+# development link (what -lummunotify finds) point to it.
+install -m 0755 "$from/libummunotify.so" "$dest$libdir/libummunotify.so.$version"
+ln -sf "libummunotify.so.$version" "$dest$libdir/libummunotify.so.$major"
+ln -sf "libummunotify.so.$major" "$dest$libdir/libummunotify.so"
 install -m 0644 "$from/libummunotify.a" "$dest$libdir/libummunotify.a"
 if [ -f "$from/libummunotify_compat.so" ]; then
     # Cargo names it after the crate (underscore); the 2010 ABI shim is known by this name.

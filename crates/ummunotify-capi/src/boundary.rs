@@ -8,6 +8,7 @@ use crate::error::set_last_error;
 /// `AssertUnwindSafe` is sound here: a panic never leaves a half-updated object behind that C can
 /// reach again through a handle (the core crate's state is behind its own locks and stays
 /// consistent across a panic), and the caller only sees `on_panic`.
+#[inline(always)] // the hit path of `ummunotify_cache_get` runs inside it
 pub(crate) fn guard<T>(on_panic: T, f: impl FnOnce() -> T) -> T {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(v) => v,

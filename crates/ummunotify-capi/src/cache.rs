@@ -6,14 +6,13 @@
 use std::ffi::{c_int, c_void};
 use std::io;
 use std::ops::Range;
-use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 
 use core_api::cache::{Cache, Config, Error as CacheError, Handle};
 use core_api::registrar::Registrar;
 
 use crate::boundary::guard;
 use crate::error::{fail, fail_arg, set_last_error, ummunotify_result, ummunotify_result::*};
-use crate::notifier::ummunotify_notifier;
+use crate::notifier::{ummunotify_notifier, CNotifier};
 
 /// Registers `[start, start + len)` (page-aligned, mapped) with the device and stores the
 /// device's 64-bit key for it (an `ibv_mr *` cast to an integer, an lkey, a slot) in `*key_out`.
@@ -46,10 +45,20 @@ pub struct ummunotify_registrar {
     pub max_registrations: usize,
 }
 
-/// Limits and policy of a cache. Start from `ummunotify_cache_config_default()`.
+/// Limits and policy of a cache. Set `size`, then fill the rest with
+/// `ummunotify_cache_config_default()`:
+///
+/// ```c
+/// ummunotify_cache_config cfg = {.size = sizeof cfg};
+/// ummunotify_cache_config_default(&cfg);
+/// cfg.max_regions = 1024;
+/// ```
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct ummunotify_cache_config {
+    /// `sizeof(ummunotify_cache_config)` as the caller was compiled (the struct may grow in later
+    /// versions; fields a newer program sets that this library lacks must be zero).
+    pub size: usize,
     /// Most regions kept cached (unused ones are evicted, least recently used first).
     pub max_regions: usize,
     /// Most bytes kept registered by cached regions (`SIZE_MAX`: no limit).
@@ -58,10 +67,14 @@ pub struct ummunotify_cache_config {
     pub merge_adjacent: bool,
 }
 
-/// Counters of a cache, filled by `ummunotify_cache_get_stats()`.
+/// Counters of a cache, filled by `ummunotify_cache_get_stats()` (set `size` first:
+/// `ummunotify_cache_stats st = {.size = sizeof st};`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ummunotify_cache_stats {
+    /// `sizeof(ummunotify_cache_stats)` as the caller was compiled (the struct may grow; the
+    /// library fills what both know).
+    pub size: usize,
     /// `get` calls served by a cached region.
     pub hits: u64,
     /// `get` calls that registered a region.
@@ -90,11 +103,23 @@ pub struct ummunotify_cache {
     _private: [u8; 0],
 }
 
-/// One use of a cached registration (opaque), from `ummunotify_cache_get()`; release it with
-/// `ummunotify_cache_put()`. While held, its registration stays registered.
+/// One use of a cached registration: storage the caller provides (on its stack, in its request
+/// struct), filled by `ummunotify_cache_get()` and released with `ummunotify_cache_put()`. While
+/// held, its registration stays registered. Its contents are opaque; an all-zero handle is an
+/// empty one (`put` of it does nothing). Do not copy a live handle: use it where `get` put it.
+#[repr(C)]
+#[derive(Debug)]
 pub struct ummunotify_cache_handle {
-    _private: [u8; 0],
+    /// Opaque.
+    pub opaque: [u64; 4],
 }
+
+/// `opaque[3]` of a live handle.
+const LIVE: u64 = 0x756d_6e68_616e_646c; // "umnhandl"
+
+type RustHandle = Handle<'static, CRegistrar>;
+const _: () = assert!(std::mem::size_of::<RustHandle>() <= 3 * 8);
+const _: () = assert!(std::mem::align_of::<RustHandle>() <= 8);
 
 /// The C callbacks as a [`Registrar`].
 struct CRegistrar(ummunotify_registrar);
@@ -144,17 +169,11 @@ impl Registrar for CRegistrar {
 }
 
 /// What a `ummunotify_cache *` points to.
-struct CCache {
+pub(crate) struct CCache {
     cache: Cache<CRegistrar>,
-    /// Handles not yet put: the cache can not be freed while any exists.
-    handles: AtomicUsize,
-}
-
-/// What a `ummunotify_cache_handle *` points to. The `'static` is a promise kept by `CCache`'s
-/// handle count: `ummunotify_cache_free` refuses to free a cache with live handles.
-struct CHandle {
-    handle: Handle<'static, CRegistrar>,
-    owner: *const CCache,
+    /// What `ummunotify_cache_notifier()` hands out (borrows `cache`'s notifier; set once the
+    /// cache is boxed, so the address is stable).
+    notifier: std::sync::OnceLock<CNotifier>,
 }
 
 fn cache_fail(e: CacheError) -> ummunotify_result {
@@ -192,23 +211,43 @@ macro_rules! cache_or_null {
     };
 }
 
-/// Fills `*out` with the default limits (65536 regions, no byte limit, merge adjacent).
+/// The first version's size of `ummunotify_cache_config`.
+const CONFIG_V1: usize = std::mem::size_of::<ummunotify_cache_config>();
+/// The first version's size of `ummunotify_cache_stats`.
+const STATS_V1: usize = std::mem::size_of::<ummunotify_cache_stats>();
+const _: () = assert!(std::mem::offset_of!(ummunotify_cache_config, size) == 0);
+const _: () = assert!(std::mem::offset_of!(ummunotify_cache_stats, size) == 0);
+
+/// Fills `*out` (whose `size` the caller set) with the default limits (65536 regions, no byte
+/// limit, merge adjacent).
+///
+/// Errors: `UMMUNOTIFY_ERR_NULL_ARGUMENT`, `UMMUNOTIFY_ERR_INVALID_ARGUMENT` (`out->size` not
+/// set; nothing written).
 ///
 /// # Safety
-/// `out` must be NULL or writable.
+/// `out` must be NULL or point to `out->size` writable bytes.
 #[no_mangle]
-pub unsafe extern "C" fn ummunotify_cache_config_default(out: *mut ummunotify_cache_config) {
-    guard((), || {
+pub unsafe extern "C" fn ummunotify_cache_config_default(
+    out: *mut ummunotify_cache_config,
+) -> ummunotify_result {
+    guard(UMMUNOTIFY_ERR_PANIC, || {
+        if out.is_null() {
+            return fail_arg(UMMUNOTIFY_ERR_NULL_ARGUMENT, "out is NULL");
+        }
         let d = Config::default();
-        if !out.is_null() {
-            // SAFETY: (caller) non-NULL `out` is writable.
-            unsafe {
-                out.write(ummunotify_cache_config {
-                    max_regions: d.max_regions,
-                    max_bytes: d.max_bytes,
-                    merge_adjacent: d.merge_adjacent,
-                })
-            };
+        let v = ummunotify_cache_config {
+            size: CONFIG_V1,
+            max_regions: d.max_regions,
+            max_bytes: d.max_bytes,
+            merge_adjacent: d.merge_adjacent,
+        };
+        // SAFETY: (caller) `out->size` writable bytes.
+        match unsafe { crate::sized::write(out, &v, CONFIG_V1) } {
+            Ok(()) => UMMUNOTIFY_OK,
+            Err(e) => fail_arg(
+                UMMUNOTIFY_ERR_INVALID_ARGUMENT,
+                &e.message("ummunotify_cache_config"),
+            ),
         }
     })
 }
@@ -245,8 +284,24 @@ pub unsafe extern "C" fn ummunotify_cache_new(
             );
         }
         let mut cfg = Config::default();
-        // SAFETY: (caller) NULL or readable.
-        if let Some(c) = unsafe { config.as_ref() } {
+        if !config.is_null() {
+            // SAFETY: (caller) `config->size` readable bytes.
+            let d = Config::default();
+            let defaults = ummunotify_cache_config {
+                size: CONFIG_V1,
+                max_regions: d.max_regions,
+                max_bytes: d.max_bytes,
+                merge_adjacent: d.merge_adjacent,
+            };
+            let c = match unsafe { crate::sized::read(config, defaults, CONFIG_V1) } {
+                Ok(c) => c,
+                Err(e) => {
+                    return fail_arg(
+                        UMMUNOTIFY_ERR_INVALID_ARGUMENT,
+                        &e.message("ummunotify_cache_config"),
+                    )
+                }
+            };
             if c.max_regions == 0 {
                 return fail_arg(UMMUNOTIFY_ERR_INVALID_ARGUMENT, "config.max_regions is 0");
             }
@@ -259,8 +314,11 @@ pub unsafe extern "C" fn ummunotify_cache_new(
             Ok(cache) => {
                 let c = Box::new(CCache {
                     cache,
-                    handles: AtomicUsize::new(0),
+                    notifier: std::sync::OnceLock::new(),
                 });
+                let n: *const core_api::Notifier = c.cache.notifier();
+                // SAFETY: the notifier lives inside the boxed cache, as long as this handle.
+                let _ = c.notifier.set(unsafe { CNotifier::borrowed(n) });
                 // SAFETY: (caller) `out` is writable.
                 unsafe { out.write(Box::into_raw(c).cast()) };
                 UMMUNOTIFY_OK
@@ -283,12 +341,8 @@ pub unsafe extern "C" fn ummunotify_cache_free(c: *mut ummunotify_cache) -> ummu
             return UMMUNOTIFY_OK;
         }
         // SAFETY: (caller) a live cache.
-        let live = unsafe { &*c.cast::<CCache>() }.handles.load(SeqCst);
-        if live != 0 {
-            return fail_arg(
-                UMMUNOTIFY_ERR_CACHE_BUSY,
-                &format!("{live} handle(s) not yet put"),
-            );
+        if unsafe { &*c.cast::<CCache>() }.cache.handles_alive() {
+            return fail_arg(UMMUNOTIFY_ERR_CACHE_BUSY, "handles not yet put");
         }
         // SAFETY: (caller) `c` came from `Box::into_raw` in `_new` and is freed only here.
         drop(unsafe { Box::from_raw(c.cast::<CCache>()) });
@@ -297,46 +351,48 @@ pub unsafe extern "C" fn ummunotify_cache_free(c: *mut ummunotify_cache) -> ummu
 }
 
 /// A registration covering `[addr, addr + len)`: a cached one whose memory is unchanged (a hit,
-/// a few nanoseconds), or a new one made through `register_fn` (a miss). Stores a handle in
-/// `*out`; read the key with `ummunotify_cache_handle_key()` and release it with
-/// `ummunotify_cache_put()`.
+/// a few nanoseconds: no lock, no allocation, no write to memory other threads use), or a new one
+/// made through `register_fn` (a miss). Fills the caller's `*out`; read the key with
+/// `ummunotify_cache_handle_key()` and release it with `ummunotify_cache_put()`. On error `*out`
+/// is left empty (all zero).
 ///
 /// Errors: `UMMUNOTIFY_ERR_EMPTY_RANGE`, `_WRAPPING_RANGE`, `_UNMAPPED` (bad range),
 /// `UMMUNOTIFY_ERR_REGISTER` (`register_fn` failed; `ummunotify_last_error()` has its errno),
 /// `UMMUNOTIFY_ERR_UNSTABLE` (the memory kept changing), `_FORKED`, `_MONITOR_DEAD`.
 ///
 /// # Safety
-/// `c` must be NULL or a live cache; `out` NULL or writable.
+/// `c` must be NULL or a live cache; `out` NULL or writable, and not a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn ummunotify_cache_get(
     c: *const ummunotify_cache,
     addr: usize,
     len: usize,
-    out: *mut *mut ummunotify_cache_handle,
+    out: *mut ummunotify_cache_handle,
 ) -> ummunotify_result {
     guard(UMMUNOTIFY_ERR_PANIC, || {
         let cc = cache_or_null!(c);
         if out.is_null() {
             return fail_arg(UMMUNOTIFY_ERR_NULL_ARGUMENT, "out is NULL");
         }
-        // Counted before the handle exists, so a racing (buggy) free is refused, never UB.
-        cc.handles.fetch_add(1, SeqCst);
         let cache: &'static Cache<CRegistrar> = {
             let p: *const Cache<CRegistrar> = &cc.cache;
-            // SAFETY: the cache outlives every handle: `ummunotify_cache_free` refuses while
-            // `handles` is non-zero, and `ummunotify_cache_put` decrements it only after
-            // dropping the handle.
+            // SAFETY: the cache outlives every handle: `ummunotify_cache_free` refuses while any
+            // handle is alive (`Cache::handles_alive`).
             unsafe { &*p }
         };
         match cache.get(addr, len) {
             Ok(handle) => {
-                let h = Box::new(CHandle { handle, owner: cc });
-                // SAFETY: (caller) `out` is writable.
-                unsafe { out.write(Box::into_raw(h).cast()) };
+                // SAFETY: (caller) `out` is writable storage of 32 bytes, 8-byte aligned; the
+                // Rust handle fits in its first 24 (asserted above).
+                unsafe {
+                    out.cast::<RustHandle>().write(handle);
+                    (*out).opaque[3] = LIVE;
+                }
                 UMMUNOTIFY_OK
             }
             Err(e) => {
-                cc.handles.fetch_sub(1, SeqCst);
+                // SAFETY: (caller) `out` is writable.
+                unsafe { out.write(ummunotify_cache_handle { opaque: [0; 4] }) };
                 cache_fail(e)
             }
         }
@@ -344,49 +400,59 @@ pub unsafe extern "C" fn ummunotify_cache_get(
 }
 
 /// # Safety
-/// `h` must be NULL or a live handle.
-unsafe fn borrow_handle<'a>(h: *const ummunotify_cache_handle) -> Option<&'a CHandle> {
-    // SAFETY: (caller) a non-NULL handle points to a live `CHandle` boxed by `_get`.
-    unsafe { h.cast::<CHandle>().as_ref() }
+/// `h` must be NULL or point to a handle (live or empty).
+unsafe fn borrow_handle<'a>(h: *const ummunotify_cache_handle) -> Option<&'a RustHandle> {
+    // SAFETY: (caller) NULL or a handle; a live one holds a `RustHandle` at its start, written by
+    // `ummunotify_cache_get`.
+    unsafe {
+        match h.as_ref() {
+            Some(s) if s.opaque[3] == LIVE => Some(&*h.cast::<RustHandle>()),
+            _ => None,
+        }
+    }
 }
 
-/// Releases a handle from `ummunotify_cache_get()` (any thread). NULL is a no-op. If its region
-/// was invalidated or evicted meanwhile, it is deregistered in a later cache call or flush.
+/// Releases a handle from `ummunotify_cache_get()` (any thread) and marks it empty. NULL or an empty
+/// handle is a no-op. If its region was invalidated or evicted meanwhile, it is deregistered in a
+/// later cache call or flush. Async-signal-safe (one store).
 ///
 /// # Safety
-/// `h` must be NULL or a live handle, not used after this call.
+/// `h` must be NULL or a handle (live or empty) not used by another thread during the call.
 #[no_mangle]
 pub unsafe extern "C" fn ummunotify_cache_put(h: *mut ummunotify_cache_handle) {
-    guard((), || {
-        if h.is_null() {
-            return;
-        }
-        // SAFETY: (caller) `h` came from `Box::into_raw` in `_get` and is released only here.
-        let h = unsafe { Box::from_raw(h.cast::<CHandle>()) };
-        let owner = h.owner;
-        drop(h);
-        // SAFETY: the owner is alive: its handle count included this handle until now.
-        unsafe { &*owner }.handles.fetch_sub(1, SeqCst);
-    })
+    // No panic boundary needed: nothing here can panic (a handle's drop is one atomic store, or
+    // one atomic decrement for a handle held outside the hazard slots).
+    // SAFETY: (caller) NULL or a handle.
+    if unsafe { borrow_handle(h) }.is_none() {
+        return;
+    }
+    // SAFETY: a live handle holds a `RustHandle` (see `borrow_handle`); it is read out once and
+    // the storage marked empty first, so it is dropped exactly once.
+    unsafe {
+        (*h).opaque[3] = 0;
+        drop(h.cast::<RustHandle>().read());
+    }
 }
 
-/// The device key `register_fn` returned for the handle's registration (0 for NULL).
+/// The device key `register_fn` returned for the handle's registration (0 for NULL or an empty
+/// handle). Async-signal-safe.
 ///
 /// # Safety
-/// `h` must be NULL or a live handle.
+/// `h` must be NULL or a handle.
 #[no_mangle]
 pub unsafe extern "C" fn ummunotify_cache_handle_key(h: *const ummunotify_cache_handle) -> u64 {
     guard(0, || {
-        // SAFETY: (caller) NULL or a live handle.
-        unsafe { borrow_handle(h) }.map_or(0, |h| *h.handle.key())
+        // SAFETY: (caller) NULL or a handle.
+        unsafe { borrow_handle(h) }.map_or(0, |h| *h.key())
     })
 }
 
 /// The registered range (page-aligned, covering the range passed to `get`): stores its start in
-/// `*start` and length in `*len` (either may be NULL). Zeros for a NULL handle.
+/// `*start` and length in `*len` (either may be NULL). Zeros for NULL or an empty handle.
+/// Async-signal-safe.
 ///
 /// # Safety
-/// `h` must be NULL or a live handle; `start`, `len` NULL or writable.
+/// `h` must be NULL or a handle; `start`, `len` NULL or writable.
 #[no_mangle]
 pub unsafe extern "C" fn ummunotify_cache_handle_range(
     h: *const ummunotify_cache_handle,
@@ -394,8 +460,8 @@ pub unsafe extern "C" fn ummunotify_cache_handle_range(
     len: *mut usize,
 ) {
     guard((), || {
-        // SAFETY: (caller) NULL or a live handle.
-        let r = unsafe { borrow_handle(h) }.map_or(0..0, |h| h.handle.range());
+        // SAFETY: (caller) NULL or a handle.
+        let r = unsafe { borrow_handle(h) }.map_or(0..0, |h| h.range());
         // SAFETY: (caller) each is NULL or writable.
         unsafe {
             if !start.is_null() {
@@ -410,17 +476,18 @@ pub unsafe extern "C" fn ummunotify_cache_handle_range(
 
 /// Whether the memory behind the handle's registration is unchanged since it was registered (two
 /// loads). False once a change of its pages returned to its caller, in any thread: I/O through
-/// this registration would use the old pages. False for NULL.
+/// this registration would use the old pages. False for NULL or an empty handle.
+/// Async-signal-safe.
 ///
 /// # Safety
-/// `h` must be NULL or a live handle.
+/// `h` must be NULL or a handle.
 #[no_mangle]
 pub unsafe extern "C" fn ummunotify_cache_handle_is_valid(
     h: *const ummunotify_cache_handle,
 ) -> bool {
     guard(false, || {
-        // SAFETY: (caller) NULL or a live handle.
-        unsafe { borrow_handle(h) }.is_some_and(|h| h.handle.is_valid())
+        // SAFETY: (caller) NULL or a handle.
+        unsafe { borrow_handle(h) }.is_some_and(|h| h.is_valid())
     })
 }
 
@@ -440,8 +507,11 @@ pub unsafe extern "C" fn ummunotify_cache_flush(c: *const ummunotify_cache) -> u
 
 /// Fills `*out` with the cache's counters.
 ///
+/// Errors: `UMMUNOTIFY_ERR_NULL_ARGUMENT`, `UMMUNOTIFY_ERR_INVALID_ARGUMENT` (`out->size` not
+/// set).
+///
 /// # Safety
-/// `c` must be NULL or a live cache; `out` NULL or writable.
+/// `c` must be NULL or a live cache; `out` NULL or `out->size` writable bytes.
 #[no_mangle]
 pub unsafe extern "C" fn ummunotify_cache_get_stats(
     c: *const ummunotify_cache,
@@ -454,6 +524,7 @@ pub unsafe extern "C" fn ummunotify_cache_get_stats(
         }
         let s = cc.cache.stats();
         let stats = ummunotify_cache_stats {
+            size: STATS_V1,
             hits: s.hits,
             misses: s.misses,
             invalidations: s.invalidations,
@@ -465,9 +536,14 @@ pub unsafe extern "C" fn ummunotify_cache_get_stats(
             retired: s.retired as u64,
             bytes_registered: s.bytes_registered as u64,
         };
-        // SAFETY: `out` is non-NULL and (caller) writable.
-        unsafe { out.write(stats) };
-        UMMUNOTIFY_OK
+        // SAFETY: `out` is non-NULL and (caller) `out->size` writable bytes.
+        match unsafe { crate::sized::write(out, &stats, STATS_V1) } {
+            Ok(()) => UMMUNOTIFY_OK,
+            Err(e) => fail_arg(
+                UMMUNOTIFY_ERR_INVALID_ARGUMENT,
+                &e.message("ummunotify_cache_stats"),
+            ),
+        }
     })
 }
 
@@ -485,8 +561,64 @@ pub unsafe extern "C" fn ummunotify_cache_notifier(
     guard(std::ptr::null(), || {
         // SAFETY: (caller) NULL or a live cache.
         match unsafe { borrow(c) } {
-            Some(cc) => (cc.cache.notifier() as *const core_api::Notifier).cast(),
+            Some(cc) => cc
+                .notifier
+                .get()
+                .map_or(std::ptr::null(), |h| (h as *const CNotifier).cast()),
             None => std::ptr::null(),
         }
+    })
+}
+
+/// Moves up to `capacity` events of *your* regions on `ummunotify_cache_notifier()` into
+/// `events` and stores their number in `*count` (0: none pending). The cache reads the
+/// notifier's queue for its own regions and sets yours aside: at most one per region (a region
+/// hit again before you read its event gets one event without `UMMUNOTIFY_EVENT_FLAG_HINT`
+/// whose range covers every hit), and the events of regions you unregistered are dropped, so the
+/// memory this takes is bounded by your regions. Read them here, not with
+/// `ummunotify_notifier_read_events()` on the cache's notifier (that would take the cache's own
+/// events too). Call again while `*count == capacity`.
+///
+/// Errors: `UMMUNOTIFY_ERR_NULL_ARGUMENT`, `_FORKED`, `_MONITOR_DEAD`.
+///
+/// # Safety
+/// `c` must be NULL or a live cache; `events` NULL or `capacity` writable elements; `count`
+/// NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn ummunotify_cache_read_events(
+    c: *const ummunotify_cache,
+    events: *mut crate::notifier::ummunotify_event,
+    capacity: usize,
+    count: *mut usize,
+) -> ummunotify_result {
+    guard(UMMUNOTIFY_ERR_PANIC, || {
+        let cc = cache_or_null!(c);
+        if count.is_null() {
+            return fail_arg(UMMUNOTIFY_ERR_NULL_ARGUMENT, "count is NULL");
+        }
+        if events.is_null() && capacity > 0 {
+            return fail_arg(UMMUNOTIFY_ERR_NULL_ARGUMENT, "events is NULL");
+        }
+        let mut buf = [core_api::Event::default(); 64];
+        let mut done = 0usize;
+        while done < capacity {
+            let want = (capacity - done).min(buf.len());
+            let n = match cc.cache.take_events_into(&mut buf[..want]) {
+                Ok(n) => n,
+                Err(e) if done == 0 => return fail(e),
+                Err(_) => break, // events already moved out must reach the caller
+            };
+            for (i, e) in buf[..n].iter().enumerate() {
+                // SAFETY: `done + i < capacity`, and (caller) `events` has `capacity` elements.
+                unsafe { events.add(done + i).write(crate::notifier::to_c_event(e)) };
+            }
+            done += n;
+            if n < want {
+                break;
+            }
+        }
+        // SAFETY: (caller) `count` is writable.
+        unsafe { count.write(done) };
+        UMMUNOTIFY_OK
     })
 }

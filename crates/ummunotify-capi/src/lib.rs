@@ -31,9 +31,36 @@ mod boundary;
 mod cache;
 mod error;
 mod notifier;
+mod sized;
 
 pub use cache::*;
 pub use error::{
     ummunotify_last_error, ummunotify_result, ummunotify_strerror, ummunotify_version,
 };
 pub use notifier::*;
+
+/// Major version of the library the header belongs to, at compile time (the SONAME is
+/// `libummunotify.so.<major>`); `ummunotify_version()` gives the one loaded at run time.
+pub const UMMUNOTIFY_VERSION_MAJOR: u32 = 0;
+/// Minor version (see `UMMUNOTIFY_VERSION_MAJOR`).
+pub const UMMUNOTIFY_VERSION_MINOR: u32 = 1;
+/// Patch version (see `UMMUNOTIFY_VERSION_MAJOR`).
+pub const UMMUNOTIFY_VERSION_PATCH: u32 = 0;
+
+/// A decimal string as a number, at compile time (for the checks below).
+const fn decimal(s: &str) -> u32 {
+    let b = s.as_bytes();
+    let mut v = 0;
+    let mut i = 0;
+    while i < b.len() {
+        v = v * 10 + (b[i] - b'0') as u32;
+        i += 1;
+    }
+    v
+}
+
+// The header's constants are literals (cbindgen copies them); the build fails if they drift from
+// the crate's version.
+const _: () = assert!(decimal(env!("CARGO_PKG_VERSION_MAJOR")) == UMMUNOTIFY_VERSION_MAJOR);
+const _: () = assert!(decimal(env!("CARGO_PKG_VERSION_MINOR")) == UMMUNOTIFY_VERSION_MINOR);
+const _: () = assert!(decimal(env!("CARGO_PKG_VERSION_PATCH")) == UMMUNOTIFY_VERSION_PATCH);

@@ -1,7 +1,8 @@
 //! The notifier: create/destroy, register/unregister, checks, the counter, events, the fd.
 use std::ffi::c_int;
 use std::os::fd::{AsFd, AsRawFd};
-use std::sync::atomic::Ordering::Acquire;
+use std::sync::atomic::AtomicU32;
+use std::sync::atomic::Ordering::{Acquire, Relaxed};
 
 use core_api::{Cookie, Event, Notifier, Region};
 
@@ -20,17 +21,65 @@ pub struct ummunotify_notifier {
 pub type ummunotify_counter_word = u64;
 
 /// A token for one registered region: checks it in O(1) with `ummunotify_notifier_is_valid()`.
-/// Copy it freely; its fields are opaque (do not interpret or change them).
+/// Copy it freely; its fields are opaque (do not interpret or change them). It names the
+/// notifier that issued it: checked on any other notifier it reads invalid. An all-zero token
+/// never reads valid.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ummunotify_region {
     /// Opaque.
     pub slot: u32,
-    /// Opaque (always 0).
-    pub reserved: u32,
+    /// Opaque: the issuing notifier (never 0).
+    pub notifier: u32,
     /// Opaque.
     pub tag: u64,
 }
+
+/// What a `ummunotify_notifier *` points to: the notifier (owned, or the cache's, borrowed) and
+/// the identity its region tokens carry.
+pub(crate) struct CNotifier {
+    id: u32,
+    inner: Inner,
+}
+
+enum Inner {
+    Owned(Notifier),
+    /// A cache's notifier; the cache owns both it and this `CNotifier`.
+    Borrowed(*const Notifier),
+}
+
+impl CNotifier {
+    /// A handle with a fresh identity (process-unique until 2^32 - 1 notifiers were made).
+    fn new(inner: Inner) -> CNotifier {
+        static NEXT: AtomicU32 = AtomicU32::new(1);
+        let mut id = NEXT.fetch_add(1, Relaxed);
+        if id == 0 {
+            id = NEXT.fetch_add(1, Relaxed); // wrapped: 0 is the all-zero token's
+        }
+        CNotifier { id, inner }
+    }
+
+    /// The handle `ummunotify_cache_notifier()` returns for a cache's notifier.
+    ///
+    /// # Safety
+    /// `n` must outlive the returned value.
+    pub(crate) unsafe fn borrowed(n: *const Notifier) -> CNotifier {
+        CNotifier::new(Inner::Borrowed(n))
+    }
+
+    fn get(&self) -> &Notifier {
+        match &self.inner {
+            Inner::Owned(n) => n,
+            // SAFETY: (`borrowed`) the cache keeps the notifier alive as long as this handle.
+            Inner::Borrowed(p) => unsafe { &**p },
+        }
+    }
+}
+
+// SAFETY: `Notifier` is Send + Sync; a borrowed one is owned by the cache, which is Sync too.
+unsafe impl Send for CNotifier {}
+// SAFETY: as above.
+unsafe impl Sync for CNotifier {}
 
 /// `ummunotify_event.flags`: exactly one invalidation hit the region before its event was read;
 /// `[start, end)` is that invalidation clipped to the region (otherwise it is the whole region).
@@ -56,10 +105,29 @@ pub struct ummunotify_event {
     pub reserved: u32,
 }
 
-/// Counters for diagnostics, filled by `ummunotify_notifier_get_stats()`.
+/// An event as C sees it.
+pub(crate) fn to_c_event(e: &Event) -> ummunotify_event {
+    ummunotify_event {
+        cookie: e.cookie.0,
+        start: e.start as u64,
+        end: e.end as u64,
+        flags: if e.hint {
+            UMMUNOTIFY_EVENT_FLAG_HINT
+        } else {
+            0
+        },
+        reserved: 0,
+    }
+}
+
+/// Counters for diagnostics, filled by `ummunotify_notifier_get_stats()` (set `size` first:
+/// `ummunotify_notifier_stats st = {.size = sizeof st};`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ummunotify_notifier_stats {
+    /// `sizeof(ummunotify_notifier_stats)` as the caller was compiled (the struct may grow; the
+    /// library fills what both know).
+    pub size: usize,
     /// Registered regions.
     pub regions: u64,
     /// Messages the monitor dequeued from the kernel.
@@ -74,13 +142,23 @@ pub struct ummunotify_notifier_stats {
     pub coverage_segments: u64,
 }
 
+/// Borrows the handle.
+///
+/// # Safety
+/// `n` must be NULL or a live handle (from `ummunotify_notifier_new()` not yet freed, or from
+/// `ummunotify_cache_notifier()` of a live cache).
+unsafe fn handle<'a>(n: *const ummunotify_notifier) -> Option<&'a CNotifier> {
+    // SAFETY: (caller) a non-NULL handle points to a live `CNotifier`.
+    unsafe { n.cast::<CNotifier>().as_ref() }
+}
+
 /// Borrows the notifier behind a handle.
 ///
 /// # Safety
-/// `n` must be NULL or a handle from `ummunotify_notifier_new()` not yet freed.
+/// As for [`handle`].
 unsafe fn borrow<'a>(n: *const ummunotify_notifier) -> Option<&'a Notifier> {
-    // SAFETY: (caller) a non-NULL handle points to a live `Notifier` boxed by `_new`.
-    unsafe { n.cast::<Notifier>().as_ref() }
+    // SAFETY: (caller) NULL or a live handle.
+    unsafe { handle(n) }.map(CNotifier::get)
 }
 
 macro_rules! notifier_or_null {
@@ -111,7 +189,8 @@ pub unsafe extern "C" fn ummunotify_notifier_new(
         }
         match Notifier::new() {
             Ok(n) => {
-                let h = Box::into_raw(Box::new(n)).cast::<ummunotify_notifier>();
+                let h = Box::into_raw(Box::new(CNotifier::new(Inner::Owned(n))))
+                    .cast::<ummunotify_notifier>();
                 // SAFETY: (caller) `out` is writable.
                 unsafe { out.write(h) };
                 UMMUNOTIFY_OK
@@ -131,8 +210,13 @@ pub unsafe extern "C" fn ummunotify_notifier_new(
 pub unsafe extern "C" fn ummunotify_notifier_free(n: *mut ummunotify_notifier) {
     guard((), || {
         if !n.is_null() {
-            // SAFETY: (caller) `n` came from `Box::into_raw` in `_new` and is freed only here.
-            drop(unsafe { Box::from_raw(n.cast::<Notifier>()) });
+            // SAFETY: (caller) a live handle.
+            if matches!(unsafe { &*n.cast::<CNotifier>() }.inner, Inner::Borrowed(_)) {
+                return; // a cache's notifier (a mistake the docs forbid): the cache owns it
+            }
+            // SAFETY: (caller) an owned handle came from `Box::into_raw` in `_new` and is freed
+            // only here.
+            drop(unsafe { Box::from_raw(n.cast::<CNotifier>()) });
         }
     })
 }
@@ -155,11 +239,14 @@ pub unsafe extern "C" fn ummunotify_notifier_register(
     region_out: *mut ummunotify_region,
 ) -> ummunotify_result {
     guard(UMMUNOTIFY_ERR_PANIC, || {
-        let n = notifier_or_null!(n);
-        match n.register(start..end, Cookie(cookie)) {
+        // SAFETY: (caller) NULL or a live handle.
+        let Some(h) = (unsafe { handle(n) }) else {
+            return fail_arg(UMMUNOTIFY_ERR_NULL_ARGUMENT, "notifier is NULL");
+        };
+        match h.get().register(start..end, Cookie(cookie)) {
             Ok(r) => {
                 // SAFETY: (caller) `region_out` is NULL or writable.
-                unsafe { write_region(region_out, r) };
+                unsafe { write_region(region_out, h.id, r) };
                 UMMUNOTIFY_OK
             }
             Err(e) => fail(e),
@@ -169,14 +256,14 @@ pub unsafe extern "C" fn ummunotify_notifier_register(
 
 /// # Safety
 /// `out` must be NULL or writable.
-unsafe fn write_region(out: *mut ummunotify_region, r: Region) {
+unsafe fn write_region(out: *mut ummunotify_region, notifier: u32, r: Region) {
     if !out.is_null() {
         let (slot, tag) = r.to_raw();
         // SAFETY: (caller) non-NULL `out` is writable.
         unsafe {
             out.write(ummunotify_region {
                 slot,
-                reserved: 0,
+                notifier,
                 tag,
             })
         };
@@ -214,14 +301,17 @@ pub unsafe extern "C" fn ummunotify_notifier_region(
     out: *mut ummunotify_region,
 ) -> ummunotify_result {
     guard(UMMUNOTIFY_ERR_PANIC, || {
-        let n = notifier_or_null!(n);
+        // SAFETY: (caller) NULL or a live handle.
+        let Some(h) = (unsafe { handle(n) }) else {
+            return fail_arg(UMMUNOTIFY_ERR_NULL_ARGUMENT, "notifier is NULL");
+        };
         if out.is_null() {
             return fail_arg(UMMUNOTIFY_ERR_NULL_ARGUMENT, "out is NULL");
         }
-        match n.region(Cookie(cookie)) {
+        match h.get().region(Cookie(cookie)) {
             Ok(r) => {
                 // SAFETY: `out` is non-NULL and (caller) writable.
-                unsafe { write_region(out, r) };
+                unsafe { write_region(out, h.id, r) };
                 UMMUNOTIFY_OK
             }
             Err(e) => fail(e),
@@ -242,9 +332,12 @@ pub unsafe extern "C" fn ummunotify_notifier_is_valid(
 ) -> bool {
     guard(false, || {
         // SAFETY: (caller) `n` is NULL or a live handle.
-        match unsafe { borrow(n) } {
-            Some(n) => n.is_valid(Region::from_raw(region.slot, region.tag)),
-            None => false,
+        match unsafe { handle(n) } {
+            // Another notifier's token (or an all-zero one) is never valid here.
+            Some(h) if h.id == region.notifier => {
+                h.get().is_valid(Region::from_raw(region.slot, region.tag))
+            }
+            _ => false,
         }
     })
 }
@@ -389,17 +482,7 @@ pub unsafe extern "C" fn ummunotify_notifier_read_events(
                 Err(_) => break None,
             };
             for (i, e) in buf[..r.count].iter().enumerate() {
-                let out = ummunotify_event {
-                    cookie: e.cookie.0,
-                    start: e.start as u64,
-                    end: e.end as u64,
-                    flags: if e.hint {
-                        UMMUNOTIFY_EVENT_FLAG_HINT
-                    } else {
-                        0
-                    },
-                    reserved: 0,
-                };
+                let out = to_c_event(e);
                 // SAFETY: `done + i < capacity` (r.count <= want), and (caller) `events` has
                 // `capacity` writable elements.
                 unsafe { events.add(done + i).write(out) };
@@ -420,10 +503,17 @@ pub unsafe extern "C" fn ummunotify_notifier_read_events(
     })
 }
 
-/// Fills `*out` with diagnostic counters.
+/// The first version's size of `ummunotify_notifier_stats`.
+const NOTIFIER_STATS_V1: usize = std::mem::size_of::<ummunotify_notifier_stats>();
+const _: () = assert!(std::mem::offset_of!(ummunotify_notifier_stats, size) == 0);
+
+/// Fills `*out` (whose `size` the caller set) with diagnostic counters.
+///
+/// Errors: `UMMUNOTIFY_ERR_NULL_ARGUMENT`, `UMMUNOTIFY_ERR_INVALID_ARGUMENT` (`out->size` not
+/// set).
 ///
 /// # Safety
-/// `n` must be NULL or a live handle; `out` NULL or writable.
+/// `n` must be NULL or a live handle; `out` NULL or `out->size` writable bytes.
 #[no_mangle]
 pub unsafe extern "C" fn ummunotify_notifier_get_stats(
     n: *const ummunotify_notifier,
@@ -436,6 +526,7 @@ pub unsafe extern "C" fn ummunotify_notifier_get_stats(
         }
         let s = n.stats();
         let stats = ummunotify_notifier_stats {
+            size: NOTIFIER_STATS_V1,
             regions: s.regions as u64,
             messages: s.messages,
             invalidations: s.invalidations,
@@ -443,8 +534,13 @@ pub unsafe extern "C" fn ummunotify_notifier_get_stats(
             pending: s.pending as u64,
             coverage_segments: s.coverage_segments as u64,
         };
-        // SAFETY: `out` is non-NULL and (caller) writable.
-        unsafe { out.write(stats) };
-        UMMUNOTIFY_OK
+        // SAFETY: `out` is non-NULL and (caller) `out->size` writable bytes.
+        match unsafe { crate::sized::write(out, &stats, NOTIFIER_STATS_V1) } {
+            Ok(()) => UMMUNOTIFY_OK,
+            Err(e) => fail_arg(
+                UMMUNOTIFY_ERR_INVALID_ARGUMENT,
+                &e.message("ummunotify_notifier_stats"),
+            ),
+        }
     })
 }

@@ -23,7 +23,14 @@ use ummunotify_testkit::cprog;
 pub fn lib_dir() -> PathBuf {
     static BUILD: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     let dir = BUILD
-        .get_or_init(|| cprog::build_lib("ummunotify-capi", &crate_dir()))
+        .get_or_init(|| {
+            let dir = cprog::build_lib("ummunotify-capi", &crate_dir());
+            // Programs linked with -lummunotify load the SONAME, as after install.sh.
+            let soname = dir.join("libummunotify.so.0");
+            let _ = std::fs::remove_file(&soname);
+            std::os::unix::fs::symlink("libummunotify.so", &soname).expect("SONAME link");
+            dir
+        })
         .clone();
     assert!(
         dir.join("libummunotify.so").exists() && dir.join("libummunotify.a").exists(),
@@ -129,6 +136,12 @@ fn c_threads() {
     check_program("threads");
 }
 
+/// The calls the header lists as async-signal-safe, from a signal handler.
+#[test]
+fn c_signals() {
+    check_program("signals");
+}
+
 /// The hooks backend through the C library, chosen with `UMN_BACKEND=hooks` (what Auto picks
 /// where userfaultfd is denied).
 #[test]
@@ -173,4 +186,103 @@ fn pkg_config_after_install() {
     );
     let libdir = prefix.join("lib");
     run(&exe, &[("LD_LIBRARY_PATH", libdir.to_str().unwrap())]);
+}
+
+/// The shared library is what a C stack expects to ship: SONAME `libummunotify.so.<major>`, only
+/// `ummunotify_*` symbols exported, the header's compile-time version equal to the library's, and
+/// install.sh's versioned file with its two links.
+#[test]
+fn soname_exports_and_version() {
+    let lib = lib_dir().join("libummunotify.so");
+    let major = env!("CARGO_PKG_VERSION_MAJOR");
+    let out = Command::new("readelf")
+        .arg("-d")
+        .arg(&lib)
+        .output()
+        .expect("readelf (binutils)");
+    let dynamic = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        dynamic.contains(&format!("Library soname: [libummunotify.so.{major}]")),
+        "{dynamic}"
+    );
+    let out = Command::new("nm")
+        .args(["-D", "--defined-only", "--format=posix"])
+        .arg(&lib)
+        .output()
+        .expect("nm (binutils)");
+    let syms = String::from_utf8_lossy(&out.stdout);
+    let names: Vec<&str> = syms.lines().filter_map(|l| l.split(' ').next()).collect();
+    assert!(names.len() > 20, "{syms}");
+    let foreign: Vec<&&str> = names
+        .iter()
+        .filter(|n| !n.starts_with("ummunotify_"))
+        .collect();
+    assert!(
+        foreign.is_empty(),
+        "exported beyond ummunotify_*: {foreign:?}"
+    );
+
+    let prefix = Path::new(env!("CARGO_TARGET_TMPDIR")).join("prefix-soname");
+    let st = Command::new("sh")
+        .arg(crate_dir().join("install.sh"))
+        .arg("--from")
+        .arg(lib_dir())
+        .arg(&prefix)
+        .status()
+        .expect("run install.sh");
+    assert!(st.success(), "install.sh failed");
+    let l = prefix.join("lib");
+    let v = env!("CARGO_PKG_VERSION");
+    assert!(l.join(format!("libummunotify.so.{v}")).is_file());
+    assert_eq!(
+        std::fs::read_link(l.join(format!("libummunotify.so.{major}"))).unwrap(),
+        Path::new(&format!("libummunotify.so.{v}"))
+    );
+    assert_eq!(
+        std::fs::read_link(l.join("libummunotify.so")).unwrap(),
+        Path::new(&format!("libummunotify.so.{major}"))
+    );
+
+    // The header's macros against the loaded library's string, from C.
+    let src = Path::new(env!("CARGO_TARGET_TMPDIR")).join("version.c");
+    std::fs::write(
+        &src,
+        r#"#include <stdio.h>
+#include <string.h>
+#include <ummunotify.h>
+int main(void) {
+    char want[64];
+    snprintf(want, sizeof want, "%d.%d.%d", UMMUNOTIFY_VERSION_MAJOR, UMMUNOTIFY_VERSION_MINOR,
+             UMMUNOTIFY_VERSION_PATCH);
+    if (strcmp(want, ummunotify_version()) != 0) {
+        fprintf(stderr, "header %s, library %s\n", want, ummunotify_version());
+        return 1;
+    }
+    return 0;
+}
+"#,
+    )
+    .unwrap();
+    let exe = Path::new(env!("CARGO_TARGET_TMPDIR")).join("c-version");
+    cprog::gcc(
+        &src,
+        &exe,
+        [
+            format!("-I{}", prefix.join("include").display()),
+            format!("-L{}", l.display()),
+            format!("-Wl,-rpath,{}", l.display()),
+            "-lummunotify".to_string(),
+        ],
+    );
+    let out = Command::new("readelf")
+        .arg("-d")
+        .arg(&exe)
+        .output()
+        .unwrap();
+    let needed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        needed.contains(&format!("Shared library: [libummunotify.so.{major}]")),
+        "{needed}"
+    );
+    run(&exe, &[]);
 }

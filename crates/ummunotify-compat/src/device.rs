@@ -27,6 +27,11 @@ pub(crate) struct Device {
     /// A read drained the queue but had no room left for the LAST record: the next read owes it
     /// (the 2010 patch's `need_empty`). The fd is kept readable meanwhile.
     owed_last: AtomicBool,
+    /// The eventfd's `eventfd-id` from `/proc/self/fdinfo` (when readable): how [`owns`]
+    /// recognises the file where `kcmp(2)` is refused (seccomp) or absent.
+    ///
+    /// [`owns`]: Device::owns
+    eventfd_id: Option<u64>,
 }
 
 /// Maps a core error to the errno the 2010 device would have returned.
@@ -64,14 +69,50 @@ impl Device {
         if fd < 0 {
             return Err(last_errno());
         }
+        let eventfd_id = eventfd_id(fd);
         let dev = Device {
             notifier,
             counter_ro,
             used: AtomicBool::new(false),
             nonblock: AtomicBool::new(nonblock),
             owed_last: AtomicBool::new(false),
+            eventfd_id,
         };
         Ok((dev, fd))
+    }
+
+    /// Whether descriptor `fd` still refers to this device's file.
+    ///
+    /// A table entry can outlive the descriptor it was made for: a raw `close`, `close_range`,
+    /// `dup2`/`dup3` syscall (or `closefrom`, which glibc implements with the raw syscall) does
+    /// not pass through this library, and the number may since name another file. So an entry
+    /// is trusted only when the kernel says the number still names our open file description:
+    /// `kcmp(KCMP_FILE)` against the notifier's eventfd (the program's descriptor is a dup of
+    /// it). Where `kcmp` is refused (a container's seccomp profile) or absent, the file must be
+    /// an eventfd (same anonymous inode) with our `eventfd-id` in `/proc/self/fdinfo`; without
+    /// `/proc` as well, any eventfd at that number is taken for ours (documented limit).
+    /// Async-signal-safe, no allocation: a few raw syscalls.
+    pub(crate) fn owns(&self, fd: i32) -> bool {
+        let ours = self.notifier.as_fd().as_raw_fd();
+        // SAFETY: getpid has no preconditions; kcmp only compares the two processes' file
+        // tables (both ours) at the given numbers and writes no memory.
+        let r = unsafe {
+            let pid = libc::getpid();
+            libc::syscall(libc::SYS_kcmp, pid, pid, KCMP_FILE, fd, ours)
+        };
+        if r >= 0 {
+            return r == 0;
+        }
+        if last_errno() == libc::EBADF {
+            return false; // nothing at that number any more
+        }
+        if !same_inode(fd, ours) {
+            return false;
+        }
+        match self.eventfd_id {
+            Some(id) => eventfd_id(fd) == Some(id),
+            None => true,
+        }
     }
 
     /// `O_NONBLOCK` of this file.
@@ -171,14 +212,16 @@ impl Device {
                     signal(fd);
                 }
             }
-            if let Some(g) = r.drained {
+            if let Some(notes) = r.drained_notifications {
                 if n < max {
+                    // The 2010 counter (what the program's mapped view shows), taken with the
+                    // drain: equal to `*counter` until the next message that hits a region.
                     out[n] = Event2010 {
                         kind: abi::EVENT_TYPE_LAST,
                         flags: 0,
                         hint_start: 0,
                         hint_end: 0,
-                        user_cookie_counter: g.value(),
+                        user_cookie_counter: notes,
                     };
                     n += 1;
                 } else {
@@ -212,15 +255,97 @@ impl Device {
             return views::map_poisoned(addr, len, prot, flags);
         }
         let mmap = real::get::MMAP().ok_or(libc::ENOSYS)?;
+        // The view starts at the notification count (the 2010 counter: 0 at open, +1 per
+        // message that hit a region of this file), not at the notifier's own generation.
+        let at = i64::try_from(self.notifier.notifications_offset()).map_err(|_| libc::EINVAL)?;
         // SAFETY: maps our read-only memfd descriptor; the kernel validates addr/prot/flags and
         // refuses PROT_WRITE with MAP_SHARED (EACCES) as it would have for the device.
-        let p = unsafe { mmap(addr, len, prot, flags, self.counter_ro.as_raw_fd(), 0) };
+        let p = unsafe { mmap(addr, len, prot, flags, self.counter_ro.as_raw_fd(), at) };
         if p == libc::MAP_FAILED {
             return Err(last_errno());
         }
         views::record(p as usize);
         Ok(p)
     }
+}
+
+/// `KCMP_FILE` of `linux/kcmp.h`.
+const KCMP_FILE: libc::c_long = 0;
+
+/// Whether two descriptors name files with the same device and inode numbers.
+fn same_inode(a: i32, b: i32) -> bool {
+    // SAFETY: `stat` is plain data; fstat writes one into each local.
+    unsafe {
+        let mut sa: libc::stat = std::mem::zeroed();
+        let mut sb: libc::stat = std::mem::zeroed();
+        libc::fstat(a, &mut sa) == 0
+            && libc::fstat(b, &mut sb) == 0
+            && sa.st_dev == sb.st_dev
+            && sa.st_ino == sb.st_ino
+    }
+}
+
+/// The `eventfd-id:` line of `/proc/self/fdinfo/<fd>` (Linux 5.16+), read with raw syscalls into
+/// stack buffers (no allocation, and never through this library's interposed `open`/`read`).
+fn eventfd_id(fd: i32) -> Option<u64> {
+    let mut path = *b"/proc/self/fdinfo/\0\0\0\0\0\0\0\0\0\0\0\0";
+    let mut i = b"/proc/self/fdinfo/".len();
+    let mut num = [0u8; 10];
+    let digits = decimal(fd.max(0).unsigned_abs(), &mut num);
+    path[i..i + digits.len()].copy_from_slice(digits);
+    i += digits.len();
+    path[i] = 0;
+    // SAFETY: a NUL-terminated path in a local buffer; returns a new fd or -1.
+    let f = unsafe {
+        libc::syscall(
+            libc::SYS_openat,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            libc::O_RDONLY | libc::O_CLOEXEC,
+        )
+    };
+    if f < 0 {
+        return None;
+    }
+    let mut buf = [0u8; 512];
+    // SAFETY: reads at most `buf.len()` bytes into a local buffer, then closes the fd we opened.
+    let n = unsafe {
+        let n = libc::syscall(libc::SYS_read, f, buf.as_mut_ptr(), buf.len());
+        libc::syscall(libc::SYS_close, f);
+        n
+    };
+    let text = buf.get(..usize::try_from(n).ok()?)?;
+    let key = b"eventfd-id:";
+    let at = text.windows(key.len()).position(|w| w == key)? + key.len();
+    let mut id: Option<u64> = None;
+    for &c in text[at..]
+        .iter()
+        .skip_while(|c| **c == b' ' || **c == b'\t')
+    {
+        if !c.is_ascii_digit() {
+            break;
+        }
+        id = Some(
+            id.unwrap_or(0)
+                .checked_mul(10)?
+                .checked_add(u64::from(c - b'0'))?,
+        );
+    }
+    id
+}
+
+/// `v` in decimal, written to the end of `buf` (no allocation).
+fn decimal(mut v: u32, buf: &mut [u8; 10]) -> &[u8] {
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    &buf[i..]
 }
 
 /// Blocks until `fd` (the device's eventfd) is readable, like the 2010 read's wait.

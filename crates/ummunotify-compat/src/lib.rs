@@ -15,7 +15,7 @@
 //! | other ioctls | `FIONBIO` sets non-blocking; anything else `ENOTTY` |
 //! | `read` | 32-byte INVAL records (HINT rules of 2010), then LAST carrying the counter when the queue drained; at most one page; `EAGAIN` with `O_NONBLOCK`, blocks otherwise (`EINTR` on a signal); a buffer smaller than one record → `EINVAL` |
 //! | `poll`/`select`/`epoll` | native: the descriptor is a dup of the notifier's eventfd, readable while events (or an owed LAST) are pending |
-//! | `mmap(NULL, ≤ page, PROT_READ, MAP_SHARED, fd, 0)` | a read-only view whose first 8 bytes are the live counter; `PROT_WRITE` + `MAP_SHARED` → `EACCES`; offset ≠ 0 or length > page → `EINVAL` |
+//! | `mmap(NULL, ≤ page, PROT_READ, MAP_SHARED, fd, 0)` | a read-only view whose first 8 bytes are the live 2010 counter ([`Notifier::notifications`](ummunotify::Notifier::notifications): 0 at open, +1 per kernel message that hit at least one region of this file, already when the unmapping call returns; LAST carries the same value); `PROT_WRITE` + `MAP_SHARED` → `EACCES`; offset ≠ 0 or length > page → `EINVAL` |
 //! | `fcntl(F_GETFL/F_SETFL)` | `O_RDONLY` plus the file's own `O_NONBLOCK` |
 //! | `dup`, `dup2`, `dup3`, `fcntl(F_DUPFD*)` | the new descriptor shares the file (state, queue, flags), as in the kernel |
 //! | `close`, `close_range` | the last descriptor closed stops the notifier |
@@ -32,8 +32,17 @@
 //! (regions of one descriptor may overlap freely). A registered range must be mapped (the 2010
 //! device accepted unmapped ranges). SIGIO (`O_ASYNC`) is not supported. `readv`, `pread` and
 //! `fopen` of the device are not interposed. Descriptors at or above 65536 can not be devices
-//! (`EMFILE`). Closing the descriptor with a raw `close` syscall leaves a stale entry (the number
-//! would be taken for a device until closed again through libc).
+//! (`EMFILE`). A raw `close`, `close_range`, `dup2` or `dup3` syscall around this library leaves
+//! a stale table entry, which is never trusted: every lookup checks that the number still names
+//! the device's file (`kcmp`, else the eventfd's id in `/proc/self/fdinfo`, see
+//! `Device::owns`), and the next `open` of the device drops stale entries. The notifier's own
+//! monitor never enters the interposed functions (its `read`, `ioctl` and `close` of the
+//! userfaultfd are raw syscalls). A `close_range` that also covers the library's internal
+//! descriptors (the notifier's userfaultfd, eventfds and memfd) breaks that descriptor, which a
+//! kernel device never had. The counter word counts a message before the monitor dequeues it
+//! and takes the count back if it hit no region: a program that polls `*counter` while a
+//! message over watched pages outside every region is applied sees it one too high for those
+//! microseconds.
 #![deny(missing_docs)]
 
 mod abi;
@@ -78,6 +87,7 @@ fn open_device(flags: c_int) -> Result<c_int, i32> {
     if flags & libc::O_ACCMODE != libc::O_RDONLY {
         return Err(libc::EINVAL); // the 2010 device was read-only
     }
+    table::sweep_stale();
     let (dev, fd) = Device::open(flags & libc::O_NONBLOCK != 0)?;
     if fd as usize >= table::MAX_FDS {
         close_real(fd);

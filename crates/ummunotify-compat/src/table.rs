@@ -31,9 +31,18 @@ fn slot(fd: i32) -> Option<&'static Slot> {
     usize::try_from(fd).ok().and_then(|i| TABLE.get(i))
 }
 
-/// The device behind `fd`, if it is one.
+/// The device behind `fd`, if it is one: the entry must still own the number (see
+/// [`Device::owns`]); a stale entry, left by a raw `close`/`dup2`/`close_range` syscall, is
+/// ignored (and swept by the next `open` of the device, or replaced when the number is reused
+/// through this library).
 #[inline]
 pub(crate) fn get(fd: i32) -> Option<Arc<Device>> {
+    entry(fd).filter(|dev| dev.owns(fd))
+}
+
+/// The entry for `fd`, stale or not.
+#[inline]
+fn entry(fd: i32) -> Option<Arc<Device>> {
     let s = slot(fd)?;
     if s.dev.load(SeqCst).is_null() {
         return None; // the common case: one load
@@ -96,4 +105,34 @@ fn finish(s: &Slot, old: *mut Device) -> Option<Arc<Device>> {
     // SAFETY: `old` came from `Arc::into_raw` in `set` and the table no longer holds it; no
     // reader is between its load and its increment.
     Some(unsafe { Arc::from_raw(old) })
+}
+
+/// Drops every entry whose descriptor number no longer names its device's file (a raw
+/// `close`, `close_range` or `dup2` syscall went around this library). Called from `open` of
+/// the device, on the opening thread: dropping a device may join its notifier's monitor.
+pub(crate) fn sweep_stale() {
+    if !any() {
+        return;
+    }
+    let mut stale = Vec::new();
+    for (fd, s) in TABLE.iter().enumerate() {
+        if s.dev.load(SeqCst).is_null() {
+            continue;
+        }
+        let fd = fd as i32;
+        if let Some(dev) = entry(fd) {
+            if !dev.owns(fd) {
+                let p = Arc::as_ptr(&dev).cast_mut();
+                // Only if the entry is still the stale one (a concurrent `set` may replace it).
+                if s.dev
+                    .compare_exchange(p, std::ptr::null_mut(), SeqCst, SeqCst)
+                    .is_ok()
+                {
+                    LIVE.fetch_sub(1, SeqCst);
+                    stale.extend(finish(s, p));
+                }
+            }
+        }
+    }
+    drop(stale);
 }

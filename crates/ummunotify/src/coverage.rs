@@ -137,6 +137,11 @@ impl Coverage {
         self.runs.len()
     }
 
+    /// Bytes covered (count > 0). O(n).
+    pub(crate) fn bytes(&self) -> u64 {
+        self.runs.iter().map(|(&s, run)| run.end - s).sum()
+    }
+
     /// Splits the run containing `at` strictly inside it into `[s, at)` and `[at, e)`.
     fn split_at(&mut self, at: u64) {
         let Some((_, run)) = self.runs.range_mut(..at).next_back() else {

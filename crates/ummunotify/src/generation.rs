@@ -45,6 +45,31 @@ pub(crate) fn end_message(counter: &AtomicU64) {
     counter.fetch_add(BUSY, Release);
 }
 
+/// The 2010 notification count (a word of its own, see [`Notifier::notifications`]): the
+/// monitor counts the message it is about to dequeue *before* the `read()` that releases the
+/// unmapping thread, so a program loading the word after that call returned sees the increment
+/// already. Called right after [`begin_message`], index lock held.
+///
+/// The count is provisional until [`settle_notification`]: a message that hits no region is
+/// taken back there, before `end_message`. SeqCst: ordered before the `read()` syscall, as
+/// `begin_message` is.
+///
+/// [`Notifier::notifications`]: crate::Notifier::notifications
+#[inline]
+pub(crate) fn count_notification(word: &AtomicU64) {
+    word.fetch_add(1, SeqCst);
+}
+
+/// Takes back the provisional count of a message that hit no region (see
+/// [`count_notification`]); called before `end_message`, whose Release publishes it to a reader
+/// that Acquire-loads the even counter.
+#[inline]
+pub(crate) fn settle_notification(word: &AtomicU64, hit: bool) {
+    if !hit {
+        word.fetch_sub(1, Release);
+    }
+}
+
 /// Marks the counter dead (monitor gone): every check from now on fails.
 pub(crate) fn kill(counter: &AtomicU64) {
     counter.fetch_or(DEAD, SeqCst);

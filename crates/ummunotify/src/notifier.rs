@@ -85,6 +85,87 @@ struct Registry {
     coverage: Coverage,
     free: Vec<u32>,
     next_slot: u32,
+    budget: WatchBudget,
+}
+
+/// The watch policy's VMA budget (docs/ARCHITECTURE.md, "Watch policy").
+///
+/// Watching exactly a region's pages splits the VMA they lie in (a watched VMA between two
+/// unwatched ones: up to two more VMAs per disjoint watched range), and the kernel refuses new
+/// VMAs at `vm.max_map_count` — 32,745 alternating single-page regions here. So exact watches
+/// are allowed only while the process's VMA count, estimated from the last count plus two per
+/// watched range added since, stays under half of `vm.max_map_count` (the other half is left to
+/// everything else the process maps). Past that, a new region is watched as the whole VMAs it
+/// lies in, which splits nothing; events for the other pages of those VMAs hit no region and
+/// are dropped by the index (they still cost their senders a round trip: guarantee 3 is kept for
+/// memory outside those VMAs only).
+struct WatchBudget {
+    /// Half of `vm.max_map_count`.
+    limit: usize,
+    /// The process's VMAs at the last count, and the coverage segments we had then.
+    counted: usize,
+    counted_at: usize,
+    /// The mapping list (opened at the first widened watch).
+    vmas: Option<sys::vma::Vmas>,
+    /// Regions registered with a widened watch, now.
+    wide_regions: usize,
+}
+
+impl WatchBudget {
+    fn new() -> WatchBudget {
+        WatchBudget {
+            limit: sys::vma::max_map_count() / 2,
+            counted: sys::vma::count().unwrap_or(0),
+            counted_at: 0,
+            vmas: None,
+            wide_regions: 0,
+        }
+    }
+
+    /// The process's VMA count as far as we know: the last count, plus two for every watched
+    /// range added since (never less for ranges removed: an over-estimate only widens sooner).
+    fn estimate(&self, segments: usize) -> usize {
+        self.counted + 2 * segments.saturating_sub(self.counted_at)
+    }
+
+    /// Room left under the limit for VMAs the rest of the process makes between two counts
+    /// (allocator arenas, the notifier's own slot segments, ...).
+    const MARGIN: usize = 1024;
+
+    /// Whether one more exact watch fits. The VMAs are counted again (reading
+    /// `/proc/self/maps`) whenever the watched ranges changed by `limit / 64` since the last
+    /// count, so the estimate follows what the rest of the process maps too, and widened
+    /// registrations (which add no range) do not each pay for a count.
+    fn allows_exact(&mut self, segments: usize) -> bool {
+        if segments.abs_diff(self.counted_at) >= (self.limit / 64).max(1) {
+            if let Ok(n) = sys::vma::count() {
+                self.counted = n;
+                self.counted_at = segments;
+            }
+        }
+        self.estimate(segments) + 2 + Self::MARGIN <= self.limit
+    }
+
+    /// The whole VMAs covering `[start, end)`, or `None` if part of it is unmapped.
+    fn widen(&mut self, start: u64, end: u64) -> Result<Option<(u64, u64)>> {
+        if self.vmas.is_none() {
+            self.vmas = Some(sys::vma::Vmas::open().map_err(|source| Error::Os {
+                op: "open /proc/self/maps",
+                source,
+            })?);
+        }
+        let vmas = self.vmas.as_ref().expect("opened above");
+        vmas.extent(start, end).map_err(|source| Error::Os {
+            op: "PROCMAP_QUERY",
+            source,
+        })
+    }
+}
+
+/// Whether `span` is watched wider than its own pages (over the VMA budget).
+fn widened(span: &Span) -> bool {
+    let page = sys::page_size() as u64;
+    span.watch_start < span.start & !(page - 1) || span.watch_end > span.end.next_multiple_of(page)
 }
 
 /// Counters for diagnostics.
@@ -105,6 +186,16 @@ pub struct Stats {
     pub coverage_segments: usize,
     /// Moved watches that could not be cleaned up because the stray ring overflowed.
     pub stray_overflows: u64,
+    /// Bytes the kernel watches for this notifier (registered pages, and over the VMA budget the
+    /// rest of their VMAs).
+    pub watched_bytes: u64,
+    /// Regions watched as their whole VMAs because exact watches would exceed the VMA budget.
+    pub wide_regions: usize,
+    /// The VMA budget: exact watches stop when the process's VMAs would pass this (half of
+    /// `vm.max_map_count`).
+    pub vma_budget: usize,
+    /// The process's VMA count as the watch policy estimates it (an over-estimate).
+    pub vma_estimate: usize,
 }
 
 pub(crate) struct Shared {
@@ -125,6 +216,9 @@ pub(crate) struct Shared {
     fail_next: AtomicBool,
     /// Set by `Drop` before it signals `stop_fd` (read by the monitor when poll itself fails).
     stopping: AtomicBool,
+    /// The message being applied hit at least one region (monitor only; see
+    /// `generation::count_notification`).
+    message_hit: AtomicBool,
 }
 
 /// Proof that the index lock is held, and the only way to reach slot data.
@@ -282,6 +376,9 @@ impl Shared {
             Invalidation::Other => (false, 0),
         };
         self.invalidations.fetch_add(hits, Relaxed);
+        if hits > 0 {
+            self.message_hit.store(true, Relaxed);
+        }
         if newly {
             self.signal_ready(&mut l);
         }
@@ -301,17 +398,21 @@ impl Shared {
     pub(crate) fn begin_message(&self) {
         let mut l = self.lock_index();
         generation::begin_message(self.counter());
+        generation::count_notification(self.counter.notification_word());
         self.signal_ready(&mut l);
     }
 
-    /// Monitor step 6.
+    /// Monitor step 6 (the notification count settled first).
     pub(crate) fn end_message(&self) {
+        let hit = self.message_hit.swap(false, Relaxed);
+        generation::settle_notification(self.counter.notification_word(), hit);
         generation::end_message(self.counter());
     }
 
     /// The monitor can not continue: every check fails from now on.
     pub(crate) fn kill(&self) {
         generation::kill(self.counter());
+        generation::kill(self.counter.notification_word());
         sys::eventfd_signal(self.ready_fd.as_fd());
     }
 
@@ -400,7 +501,7 @@ impl Shared {
 
     /// Watches the page range of `span`, mapping kernel refusals to typed errors.
     fn watch(&self, span: &Span) -> Result<()> {
-        let (s, e) = (span.page_start, span.page_end);
+        let (s, e) = (span.watch_start, span.watch_end);
         let unmapped = || !matches!(sys::is_mapped(s as usize, e as usize), Ok(true));
         if unmapped() {
             return Err(Error::Unmapped);
@@ -456,6 +557,9 @@ pub struct ReadEvents {
     /// `UMMUNOTIFY_EVENT_TYPE_LAST` counter). While
     /// [`unchanged_since`](Notifier::unchanged_since) this value, there is nothing to read.
     pub drained: Option<Generation>,
+    /// `Some` with `drained`: the [notification count](Notifier::notifications) at that same
+    /// moment (what the 2010 ABI's LAST record carries).
+    pub drained_notifications: Option<u64>,
 }
 
 /// Tells the process when the mappings behind registered ranges change.
@@ -529,6 +633,14 @@ impl Notifier {
                 coverage: Coverage::new(),
                 free: Vec::new(),
                 next_slot: 0,
+                budget: match uffd {
+                    // Hooks watch pages in their own filter, which splits no VMA: never widen.
+                    Watcher::Hooks(_) => WatchBudget {
+                        limit: usize::MAX / 4,
+                        ..WatchBudget::new()
+                    },
+                    Watcher::Uffd(_) => WatchBudget::new(),
+                },
             }),
             uffd,
             strays_pending: AtomicBool::new(false),
@@ -538,6 +650,7 @@ impl Notifier {
             monitor_tid: AtomicI32::new(0),
             fail_next: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
+            message_hit: AtomicBool::new(false),
         });
         let fork_slot = fork::Slot::new(shared.counter.addr()).ok_or(Error::Os {
             op: "fork registration",
@@ -590,13 +703,21 @@ impl Notifier {
     /// [`Error::DuplicateCookie`], [`Error::RangeBusy`], [`Error::CoverageLimit`],
     /// [`Error::UnsupportedMapping`]; the notifier is unchanged after any of them.
     pub fn register(&self, range: Range<usize>, cookie: Cookie) -> Result<Region> {
-        let span = Span::new(range, sys::page_size())?;
+        let mut span = Span::new(range, sys::page_size())?;
         let sh = &*self.shared;
         sh.alive()?;
         let mut reg = sh.lock_registry();
         sh.settle(&mut reg)?;
         if reg.cookies.contains_key(&cookie.0) {
             return Err(Error::DuplicateCookie(cookie));
+        }
+        // The watch policy: exact pages while the VMA budget allows, else the whole VMAs.
+        let segments = reg.coverage.segments();
+        if !reg.budget.allows_exact(segments) {
+            match reg.budget.widen(span.watch_start, span.watch_end)? {
+                Some((s, e)) => (span.watch_start, span.watch_end) = (s, e),
+                None => return Err(Error::Unmapped),
+            }
         }
         // Room in the hash map and the slot table is made here, outside the index lock.
         reg.cookies.reserve(1);
@@ -610,7 +731,7 @@ impl Notifier {
         }
         // The pages that went from 0 to 1 are not needed: the whole range is watched below (see
         // there why), and a rollback's `remove` returns exactly what this added.
-        reg.coverage.add(span.page_start, span.page_end);
+        reg.coverage.add(span.watch_start, span.watch_end);
         let token = {
             let mut l = sh.lock_index_blocked();
             let d = l.data(id);
@@ -637,7 +758,7 @@ impl Notifier {
         }
         // A racing unmap between the check in `watch` and the registration would have gone unseen.
         if !matches!(
-            sys::is_mapped(span.page_start as usize, span.page_end as usize),
+            sys::is_mapped(span.watch_start as usize, span.watch_end as usize),
             Ok(true)
         ) {
             self.remove_slot(&mut reg, id, &span);
@@ -649,6 +770,9 @@ impl Notifier {
             reg.next_slot += 1;
         }
         reg.cookies.insert(cookie.0, id);
+        if widened(&span) {
+            reg.budget.wide_regions += 1;
+        }
         Ok(token)
     }
 
@@ -667,7 +791,7 @@ impl Notifier {
             let dead = (d.serial << 1) | INVALID;
             l.slot(id).word.store(dead, Release);
         }
-        for (s, e) in reg.coverage.remove(span.page_start, span.page_end) {
+        for (s, e) in reg.coverage.remove(span.watch_start, span.watch_end) {
             // Parts may be unmapped already; the kernel dropped those watches itself.
             let _ = sh.uffd.unwatch(s, e);
         }
@@ -692,6 +816,9 @@ impl Notifier {
         reg.cookies.remove(&cookie.0);
         self.remove_slot(&mut reg, id, &span);
         reg.free.push(id);
+        if widened(&span) {
+            reg.budget.wide_regions -= 1;
+        }
         Ok(())
     }
 
@@ -747,9 +874,44 @@ impl Notifier {
     }
 
     /// A memfd whose first 8 bytes are the live counter: map it `PROT_READ, MAP_SHARED` to get
-    /// another view of [`counter`](Self::counter) (the 2010 ABI's `mmap` of the device).
+    /// another view of [`counter`](Self::counter). At offset
+    /// [`notifications_offset`](Self::notifications_offset) it holds the live
+    /// [notification count](Self::notifications) (the 2010 ABI's `mmap` of the device).
     pub fn counter_fd(&self) -> BorrowedFd<'_> {
         self.shared.counter.fd()
+    }
+
+    /// The 2010 device's counter, exactly: 0 when the notifier starts, then one more for each
+    /// kernel message (one `munmap`, one VMA of a `madvise`, ...) that hit at least one region
+    /// of this notifier; messages over memory no region covers do not count.
+    ///
+    /// Visible before the unmapping call returns: the monitor counts a message before the
+    /// `read()` that releases the unmapping thread, and takes the count back before the
+    /// message's end if it hit nothing (so a message over watched pages outside every region
+    /// shows a count one too high while it is applied). Bit 63 is set when the monitor is dead
+    /// or the process forked, so the value then never equals an earlier one. The
+    /// [`generation`](Self::generation) stays the word for this crate's own checks.
+    ///
+    /// ```no_run
+    /// # use ummunotify::{Cookie, Notifier};
+    /// let n = Notifier::new()?;
+    /// let buf = vec![0u8; 1 << 20];
+    /// let start = buf.as_ptr() as usize;
+    /// n.register(start..start + buf.len(), Cookie(1))?;
+    /// assert_eq!(n.notifications(), 0);
+    /// drop(buf); // free() unmaps the block: one message
+    /// assert_eq!(n.notifications(), 1);
+    /// # Ok::<(), ummunotify::Error>(())
+    /// ```
+    pub fn notifications(&self) -> u64 {
+        self.shared.counter.notification_word().load(SeqCst)
+    }
+
+    /// Where the notification count lives in [`counter_fd`](Self::counter_fd): a page-aligned
+    /// offset, so `mmap(NULL, 8, PROT_READ, MAP_SHARED, counter_fd, notifications_offset)` gives
+    /// a view whose first 8 bytes are the live count.
+    pub fn notifications_offset(&self) -> usize {
+        sys::page_size()
     }
 
     /// Moves pending events to the front of `buf` (re-arming their regions) and reports whether
@@ -804,7 +966,10 @@ impl Notifier {
                     sys::eventfd_drain(sh.ready_fd.as_fd());
                     l.st.ready = false;
                 }
-                break Some(Generation(c));
+                // Stable too: the monitor changes it only between begin_message (which needs
+                // this lock) and end_message (which clears BUSY after it).
+                let notes = sh.counter.notification_word().load(SeqCst);
+                break Some((Generation(c), notes));
             }
             if n == buf.len() {
                 break None;
@@ -813,16 +978,34 @@ impl Notifier {
         };
         sh.events_read.fetch_add(n as u64, Relaxed);
         for (id, serial, span) in recover {
-            self.recover(id, serial, &span);
+            self.recover(&mut reg, id, serial, &span);
         }
-        Ok(ReadEvents { count: n, drained })
+        Ok(ReadEvents {
+            count: n,
+            drained: drained.map(|d| d.0),
+            drained_notifications: drained.map(|d| d.1),
+        })
     }
 
     /// Re-arms a region whose watch was lost with an unmap: watch its pages again, then make it
     /// valid if nothing hit it meanwhile. A region whose pages are not all mapped stays invalid.
-    fn recover(&self, id: u32, serial: u64, span: &Span) {
+    fn recover(&self, reg: &mut Registry, id: u32, serial: u64, span: &Span) {
         let sh = &*self.shared;
-        if sh.watch(span).is_err() {
+        let mut rewatch = *span;
+        if widened(span) {
+            // The VMAs it was widened to may have changed (a neighbour unmapped): watch what
+            // covers its own pages now, within what coverage accounts for it.
+            let page = sys::page_size() as u64;
+            let own = (span.start & !(page - 1), span.end.next_multiple_of(page));
+            match reg.budget.widen(own.0, own.1) {
+                Ok(Some((s, e))) => {
+                    rewatch.watch_start = s.max(span.watch_start);
+                    rewatch.watch_end = e.min(span.watch_end);
+                }
+                _ => return,
+            }
+        }
+        if sh.watch(&rewatch).is_err() {
             return;
         }
         let l = sh.lock_index_blocked();
@@ -851,9 +1034,17 @@ impl Notifier {
     /// Counters for diagnostics.
     pub fn stats(&self) -> Stats {
         let sh = &*self.shared;
-        let (regions, coverage_segments) = {
+        let (regions, coverage_segments, watched_bytes, wide_regions, vma_budget, vma_estimate) = {
             let reg = sh.lock_registry();
-            (reg.cookies.len(), reg.coverage.segments())
+            let segments = reg.coverage.segments();
+            (
+                reg.cookies.len(),
+                segments,
+                reg.coverage.bytes(),
+                reg.budget.wide_regions,
+                reg.budget.limit,
+                reg.budget.estimate(segments),
+            )
         };
         let (pending, stray_overflows) = {
             let l = sh.lock_index_blocked();
@@ -867,7 +1058,19 @@ impl Notifier {
             pending,
             coverage_segments,
             stray_overflows,
+            watched_bytes,
+            wide_regions,
+            vma_budget,
+            vma_estimate,
         }
+    }
+
+    /// Sets the VMA budget (default: half of `vm.max_map_count`), for tests and benchmarks of
+    /// the watch policy: with 0, every new region is watched as the whole VMAs it lies in.
+    /// Regions registered before keep their watches. Not part of the stable API.
+    #[doc(hidden)]
+    pub fn set_vma_budget(&self, limit: usize) {
+        self.shared.lock_registry().budget.limit = limit;
     }
 
     /// Fault injection for tests: the monitor fails while applying the next message, as a bug in
@@ -949,6 +1152,8 @@ impl Shared {
             return;
         }
         generation::begin_message(self.counter());
+        // A region is hit (checked above): a 2010 notification, counted for good.
+        generation::count_notification(self.counter.notification_word());
         self.messages.fetch_add(1, Relaxed);
         let (newly, hits) = l.invalidate(start, end, unmap, again);
         self.invalidations.fetch_add(hits, Relaxed);

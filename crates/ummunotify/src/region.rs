@@ -55,10 +55,13 @@ pub(crate) const INVALID: u64 = 1;
 /// A validated caller range plus its page-rounded cover.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Span {
+    /// The region as the caller gave it: events and hits use this.
     pub start: u64,
     pub end: u64,
-    pub page_start: u64,
-    pub page_end: u64,
+    /// The pages watched for it: its own pages rounded out, or, over the notifier's VMA budget,
+    /// the whole VMAs they lie in (see `notifier::WatchBudget`). Coverage counts these.
+    pub watch_start: u64,
+    pub watch_end: u64,
 }
 
 impl Span {
@@ -72,13 +75,13 @@ impl Span {
         }
         let page = page as u64;
         let (start, end) = (range.start as u64, range.end as u64);
-        let page_start = start & !(page - 1);
-        let page_end = end.checked_add(page - 1).ok_or(Error::WrappingRange)? & !(page - 1);
+        let watch_start = start & !(page - 1);
+        let watch_end = end.checked_add(page - 1).ok_or(Error::WrappingRange)? & !(page - 1);
         Ok(Span {
             start,
             end,
-            page_start,
-            page_end,
+            watch_start,
+            watch_end,
         })
     }
 }
@@ -98,8 +101,8 @@ mod tests {
             Err(Error::WrappingRange)
         ));
         let s = Span::new(4100..8200, 4096).unwrap();
-        assert_eq!((s.page_start, s.page_end), (4096, 12288));
+        assert_eq!((s.watch_start, s.watch_end), (4096, 12288));
         let s = Span::new(4096..8192, 4096).unwrap();
-        assert_eq!((s.page_start, s.page_end), (4096, 8192));
+        assert_eq!((s.watch_start, s.watch_end), (4096, 8192));
     }
 }

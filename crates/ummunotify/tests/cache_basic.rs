@@ -314,3 +314,50 @@ fn held_retired_regions_count_against_a_bounded_registrar_table() {
     unmap(old, 8 * pg);
     unmap(fresh, 8 * pg);
 }
+
+/// The user's events parked by the cache stay bounded: a region hit many times before its events
+/// are taken has one event (merged, no hint), and unregistered regions' events are dropped.
+#[test]
+fn parked_user_events_are_bounded() {
+    let _serial = serial();
+    let pg = page();
+    let cache = Cache::new(NoopRegistrar, Config::default()).unwrap();
+    let a = map(2 * pg);
+    cache
+        .notifier()
+        .register(a..a + 2 * pg, ummunotify::Cookie(7))
+        .unwrap();
+    let b = map(pg);
+    for i in 0..100 {
+        // SAFETY: our own mapping; DONTNEED only drops its pages.
+        unsafe {
+            libc::madvise(
+                (a + (i % 2) * pg) as *mut libc::c_void,
+                pg,
+                libc::MADV_DONTNEED,
+            )
+        };
+        // A miss makes the cache read (and re-arm) the notifier's events.
+        drop(cache.get(b, pg).unwrap());
+        cache.flush();
+    }
+    let ev = cache.take_events().unwrap();
+    assert_eq!(ev.len(), 1, "{ev:?}");
+    assert_eq!(ev[0].cookie, ummunotify::Cookie(7));
+    assert!(!ev[0].hint);
+    assert_eq!((ev[0].start, ev[0].end), (a, a + 2 * pg));
+    // Many short-lived regions, unregistered before their events are taken: pruned.
+    for c in 0..1000u64 {
+        let r = map(pg);
+        let n = cache.notifier();
+        n.register(r..r + pg, ummunotify::Cookie(1000 + c)).unwrap();
+        unmap(r, pg);
+        cache.flush();
+        n.unregister(ummunotify::Cookie(1000 + c)).unwrap();
+    }
+    let ev = cache.take_events().unwrap();
+    assert!(ev.len() <= 2 * 32 + 1, "{} parked events", ev.len());
+    cache.notifier().unregister(ummunotify::Cookie(7)).unwrap();
+    unmap(a, 2 * pg);
+    unmap(b, pg);
+}

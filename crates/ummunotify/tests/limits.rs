@@ -1,6 +1,7 @@
-//! Resource exhaustion: registering until `vm.max_map_count`, `RLIMIT_MEMLOCK` too low for a
-//! registrar, a full io_uring fixed-buffer table. Each must give a clear typed error, leak nothing
-//! (regions, watches, pinned pages, table slots), and leave the notifier and the cache correct.
+//! Resource exhaustion: registering past `vm.max_map_count` alternating pages (the watch policy
+//! widens watches instead of failing), `RLIMIT_MEMLOCK` too low for a registrar, a full io_uring
+//! fixed-buffer table. Each must succeed or give a clear typed error, leak nothing (regions,
+//! watches, pinned pages, table slots), and leave the notifier and the cache correct.
 //!
 //! The first two run in a child process (they exhaust the process's mappings, or drop a
 //! capability and lower an rlimit).
@@ -16,7 +17,7 @@ use std::time::Duration;
 use torture_kit::*;
 use ummunotify::cache::{self, Cache, Config};
 use ummunotify::registrar::{FixedBuf, IoUringRegistrar, MlockRegistrar, Registrar};
-use ummunotify::{Cookie, Error, Notifier};
+use ummunotify::{Cookie, Notifier};
 use ummunotify_testkit::require::skip_or_fail;
 
 fn memfd(name: &str) -> File {
@@ -85,34 +86,36 @@ fn max_map_count_child() {
     let baseline = map_count();
     let maps_before = std::fs::read_to_string("/proc/self/maps").unwrap();
     assert_eq!(watched_vmas(), 0);
-    let pages = 2 * limit + 64;
+    // More alternating single pages than vm.max_map_count: watched exactly, each would split
+    // the mapping (the kernel refused the 32,745th here before the watch policy); past the
+    // notifier's VMA budget they are watched as whole VMAs instead, and all of them register.
+    let regions = limit + 32;
+    let pages = 2 * regions;
     let base = map(pages * pg);
-    // Alternating single pages: each registration splits the mapping (a watched VMA between two
-    // unwatched ones), so the kernel runs out of VMAs long before we run out of pages.
-    let mut ok = 0usize;
-    let err = loop {
-        let a = base + 2 * ok * pg;
-        assert!(2 * ok < pages, "never hit the limit ({ok} registrations)");
-        match n.register(a..a + pg, Cookie(ok as u64)) {
-            Ok(_) => ok += 1,
-            Err(e) => break e,
+    for i in 0..regions {
+        let a = base + 2 * i * pg;
+        if let Err(e) = n.register(a..a + pg, Cookie(i as u64)) {
+            panic!(
+                "registration {i} of {regions}: {e} ({:?}, {} maps)",
+                n.stats(),
+                map_count()
+            );
         }
-    };
-    eprintln!(
-        "max_map_count {limit}: {ok} alternating registrations, then: {err} (maps: {})",
-        map_count()
-    );
-    assert!(
-        matches!(err, Error::CoverageLimit(_)),
-        "expected CoverageLimit, got {err:?}"
-    );
-    assert!(err.to_string().contains("max_map_count"), "{err}");
-    assert!(ok > 1000, "limit hit after only {ok} registrations");
-    // Nothing from the failed call stays behind.
+    }
     let st = n.stats();
-    assert_eq!(st.regions, ok);
-    assert_eq!(st.coverage_segments, ok);
-    // Still correct at the limit: unmapping a watched page invalidates its region, one event.
+    eprintln!(
+        "max_map_count {limit}: {regions} alternating registrations, {} widened, {} maps \
+         (budget {}): {st:?}",
+        st.wide_regions,
+        map_count(),
+        st.vma_budget
+    );
+    assert_eq!(st.regions, regions);
+    assert!(
+        st.wide_regions > 0 && map_count() <= st.vma_budget,
+        "{st:?}"
+    );
+    // Still correct: unmapping a watched page invalidates its region, one event.
     let r0 = n.region(Cookie(0)).unwrap();
     let seen = n.generation().unwrap();
     unmap(base, pg);
@@ -122,7 +125,7 @@ fn max_map_count_child() {
     assert_eq!(ev.len(), 1);
     assert_eq!(ev[0].cookie, Cookie(0));
     // Give everything back: the mapping count returns to where it was.
-    for i in 0..ok {
+    for i in 0..regions {
         n.unregister(Cookie(i as u64)).unwrap();
     }
     let st = n.stats();
@@ -151,8 +154,8 @@ fn max_map_count_child() {
 }
 
 #[test]
-fn registering_until_max_map_count_gives_coverage_limit_and_leaks_nothing() {
-    const NAME: &str = "registering_until_max_map_count_gives_coverage_limit_and_leaks_nothing";
+fn registering_past_max_map_count_widens_watches_and_leaks_nothing() {
+    const NAME: &str = "registering_past_max_map_count_widens_watches_and_leaks_nothing";
     match child_role().as_deref() {
         Some("max_map_count") => max_map_count_child(),
         Some(_) => {}

@@ -385,3 +385,44 @@ fn a_second_notifier_on_the_same_pages_gets_range_busy_and_changes_nothing() {
     assert_eq!(a.events().unwrap().len(), 1);
     assert_eq!(b.events().unwrap().len(), 1);
 }
+
+/// The 2010 counter (`notifications`): 0 at start, +1 per kernel message that hit a region
+/// (visible when the call returns), one per VMA for madvise, nothing for unregistered memory,
+/// and the drained value of `read_events` equals it.
+#[test]
+fn notification_count_is_the_2010_counter_exactly() {
+    let n = notifier();
+    assert_eq!(n.notifications(), 0);
+    let p = map(3 * PAGE);
+    // Three VMAs: the middle page gets other protections.
+    // SAFETY: our own fresh mapping.
+    assert_eq!(
+        unsafe { libc::mprotect((p + PAGE) as *mut libc::c_void, PAGE, libc::PROT_READ) },
+        0
+    );
+    n.register(p..p + 3 * PAGE, Cookie(1)).unwrap();
+    madvise(p, 3 * PAGE, libc::MADV_DONTNEED);
+    assert_eq!(
+        n.notifications(),
+        3,
+        "madvise over three VMAs is three messages"
+    );
+    let mut buf = [Event::default(); 4];
+    let r = n.read_events(&mut buf).unwrap();
+    assert_eq!(r.count, 1);
+    assert_eq!(r.drained_notifications, Some(3));
+    unmap(p, 3 * PAGE);
+    assert_eq!(
+        n.notifications(),
+        4,
+        "one munmap over three VMAs is one message"
+    );
+    n.unregister(Cookie(1)).unwrap();
+    let q = map(PAGE);
+    n.register(q..q + PAGE, Cookie(2)).unwrap();
+    n.unregister(Cookie(2)).unwrap();
+    unmap(q, PAGE);
+    assert_eq!(n.notifications(), 4, "unregistered memory does not count");
+    let r = n.read_events(&mut buf).unwrap();
+    assert_eq!(r.drained_notifications, Some(4));
+}

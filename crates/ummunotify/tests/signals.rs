@@ -18,7 +18,7 @@ use std::sync::atomic::{
 };
 use std::time::Duration;
 
-use torture_kit::engine::{report, run, Params};
+use torture_kit::engine::{install_crash_report, report, run, Params};
 use torture_kit::*;
 use ummunotify::{Cookie, Notifier, Region};
 
@@ -110,6 +110,7 @@ fn install(sig: libc::c_int, handler: extern "C" fn(libc::c_int), flags: libc::c
 
 #[test]
 fn signal_storm_during_torture() {
+    install_crash_report();
     let secs = env_u64("UMN_SIGNAL_SECS", 15);
 
     // SIGPROF restarts interrupted calls, SIGALRM does not (both kinds must be survived).

@@ -253,6 +253,61 @@ pub fn run(quick: bool) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
         median(du),
     ));
 
+    // Guarantee 3 over the VMA budget: a region watched as its whole VMA makes the other,
+    // unregistered pages of that VMA pay the round trip too. madvise and munmap of such a page
+    // vs a page of an unwatched mapping (the notifier is told to widen every watch).
+    let wide = Notifier::new()?;
+    wide.set_vma_budget(0);
+    // Adjacent anonymous mappings merge into one VMA: fence each with a PROT_NONE page on both
+    // sides so that the widened watch covers w's pages only.
+    let vpages = cycles + 2;
+    let fenced = || {
+        let m = map((vpages + 2) * pg, 0);
+        for g in [m, m + (vpages + 1) * pg] {
+            // SAFETY: changes the protection of a benchmark-owned page.
+            unsafe { libc::mprotect(g as *mut _, pg, libc::PROT_NONE) };
+        }
+        m + pg
+    };
+    let (w, u) = (fenced(), fenced());
+    touch(w, vpages * pg);
+    touch(u, vpages * pg);
+    wide.register(w..w + pg, Cookie(1))?;
+    assert!(wide.stats().wide_regions == 1, "the watch was not widened");
+    let (mut wd, mut ud, mut wm, mut um) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for i in 1..=cycles {
+        let (a, b) = (w + i * pg, u + i * pg);
+        let t = Instant::now();
+        // SAFETY: benchmark-owned pages.
+        unsafe { libc::madvise(a as *mut _, pg, libc::MADV_DONTNEED) };
+        wd.push(t.elapsed().as_nanos() as f64);
+        let t = Instant::now();
+        // SAFETY: as above.
+        unsafe { libc::madvise(b as *mut _, pg, libc::MADV_DONTNEED) };
+        ud.push(t.elapsed().as_nanos() as f64);
+        let t = Instant::now();
+        unmap(a, pg);
+        wm.push(t.elapsed().as_nanos() as f64);
+        let t = Instant::now();
+        unmap(b, pg);
+        um.push(t.elapsed().as_nanos() as f64);
+    }
+    rows.push(row(
+        "madvise_unregistered_in_widened_vma_4k",
+        median(wd),
+        "madvise_unregistered_4k",
+        median(ud),
+    ));
+    rows.push(row(
+        "munmap_unregistered_in_widened_vma_4k",
+        median(wm),
+        "munmap_unregistered_4k",
+        median(um),
+    ));
+    drop(wide);
+    unmap(w - pg, (vpages + 2) * pg);
+    unmap(u - pg, (vpages + 2) * pg);
+
     // Notifier register + unregister of one page, vs mlock + munlock of it.
     let p = map(pg, 0);
     touch(p, pg);
@@ -280,6 +335,36 @@ pub fn run(quick: bool) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
     unmap(p, pg);
     drop(cache);
     unmap(buf, 1 << 20);
+
+    // The C library's hit against the Rust hit, batch by batch (same region size, own caches).
+    match crate::bench_c::CCache::new() {
+        Ok(c) => {
+            let rcache = Cache::new(NoopRegistrar, Config::default().merge_adjacent(false))?;
+            let rb = map(1 << 20, 0);
+            let cb = map(1 << 20, 0);
+            touch(rb, 1 << 20);
+            touch(cb, 1 << 20);
+            drop(rcache.get(rb, 1 << 20)?);
+            c.hit(cb, 1 << 20);
+            let (c_ns, rust_ns) = paired(
+                batches,
+                per,
+                || c.hit(cb + 8192, 4096),
+                || {
+                    let h = rcache
+                        .get(black_box(rb + 8192), black_box(4096))
+                        .expect("hit");
+                    black_box(&h);
+                },
+            );
+            rows.push(row("cache_hit_c", c_ns, "cache_hit_rust_paired", rust_ns));
+            drop(c);
+            drop(rcache);
+            unmap(rb, 1 << 20);
+            unmap(cb, 1 << 20);
+        }
+        Err(why) => eprintln!("umn bench: no cache_hit_c row: {why}"),
+    }
 
     // 1K vs 1M cached regions: the same warm hit, and a hit rotating over 64 regions (the MRU
     // misses, so it goes through the index).

@@ -4,6 +4,7 @@ use std::process::ExitCode;
 use umn::{coverage, doctor};
 
 mod bench;
+mod bench_c;
 mod demo;
 
 const USAGE: &str = "\

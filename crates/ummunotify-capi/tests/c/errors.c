@@ -73,7 +73,7 @@ int main(void) {
     CHECK_RC(ummunotify_notifier_unregister(n, 1), UMMUNOTIFY_ERR_UNKNOWN_COOKIE);
 
     /* A forged token answers, it does not crash. */
-    ummunotify_region forged = {.slot = 0xffffff, .reserved = 0, .tag = 42};
+    ummunotify_region forged = {.slot = 0xffffff, .notifier = 0, .tag = 42};
     CHECK(!ummunotify_notifier_is_valid(n, forged));
 
     ummunotify_notifier_free(n);

@@ -94,7 +94,7 @@ int main(void) {
     } while (drained == UMMUNOTIFY_GENERATION_NONE);
     CHECK(got == 3 && reads >= 2);
 
-    ummunotify_notifier_stats st;
+    ummunotify_notifier_stats st = {.size = sizeof st};
     CHECK_RC(ummunotify_notifier_get_stats(n, &st), UMMUNOTIFY_OK);
     CHECK(st.regions == 3 && st.pending == 0 && st.events_read >= 5);
 
@@ -114,6 +114,32 @@ int main(void) {
     CHECK(count == 0);
 
     munmap((void *)view, 8);
+
+    /* A token names its notifier: notifier A's token never reads valid on notifier B, even where
+       B has a region in the same slot with the same serial (both fresh: slot 0, first serial). */
+    ummunotify_notifier *na = new_notifier_or_skip(), *nb = new_notifier_or_skip();
+    char *qa = map_pages(1), *qb = map_pages(1);
+    ummunotify_region ra, rb;
+    CHECK_RC(ummunotify_notifier_register(na, (uintptr_t)qa, (uintptr_t)qa + page, 1, &ra),
+             UMMUNOTIFY_OK);
+    CHECK_RC(ummunotify_notifier_register(nb, (uintptr_t)qb, (uintptr_t)qb + page, 1, &rb),
+             UMMUNOTIFY_OK);
+    CHECK(ra.slot == rb.slot && ra.tag == rb.tag); /* the core's part of the tokens is equal */
+    CHECK(ummunotify_notifier_is_valid(na, ra) && ummunotify_notifier_is_valid(nb, rb));
+    CHECK(!ummunotify_notifier_is_valid(nb, ra));
+    CHECK(!ummunotify_notifier_is_valid(na, rb));
+    ummunotify_region zero = {0};
+    CHECK(!ummunotify_notifier_is_valid(na, zero));
+    ummunotify_notifier_free(na);
+    ummunotify_notifier_free(nb);
+    munmap(qa, page);
+    munmap(qb, page);
+
+    /* Stats structs can grow: a missing size is refused, nothing written. */
+    ummunotify_notifier_stats nosize = {.size = 0, .regions = 77};
+    CHECK_RC(ummunotify_notifier_get_stats(n, &nosize), UMMUNOTIFY_ERR_INVALID_ARGUMENT);
+    CHECK(nosize.regions == 77);
+
     ummunotify_notifier_free(n);
     done("notifier");
     return 0;

@@ -39,7 +39,7 @@ int main(void) {
         CHECK(pthread_create(&t[i], NULL, worker, (void *)(i + 1)) == 0);
     for (int i = 0; i < THREADS; i++)
         CHECK(pthread_join(t[i], NULL) == 0);
-    ummunotify_notifier_stats st;
+    ummunotify_notifier_stats st = {.size = sizeof st};
     CHECK_RC(ummunotify_notifier_get_stats(n, &st), UMMUNOTIFY_OK);
     CHECK(st.regions == 0);
     ummunotify_notifier_free(n);

@@ -200,8 +200,13 @@ struct State<K> {
     next_cookie: u64,
     /// Notifier generation up to which events were read.
     seen: Generation,
-    /// Events of the user's own regions, read while looking for the cache's.
-    user_events: Vec<Event>,
+    /// Events of the user's own regions, read while looking for the cache's: at most one per
+    /// cookie (a region hit again before its event was taken is merged, as the notifier merges),
+    /// and cookies no longer registered are pruned when the map doubles, so it is bounded by
+    /// twice the number of the user's regions.
+    user_events: HashMap<u64, Event>,
+    /// Size of `user_events` after its last pruning.
+    user_events_pruned: usize,
 }
 
 /// A registration cache over a [`Registrar`], kept correct by a [`Notifier`].
@@ -359,7 +364,8 @@ impl<R: Registrar> Cache<R> {
                 live_bytes: 0,
                 next_cookie: 1,
                 seen,
-                user_events: Vec::new(),
+                user_events: HashMap::new(),
+                user_events_pruned: 0,
             }),
             threads: Mutex::new(Vec::new()),
             config,
@@ -548,6 +554,23 @@ impl<R: Registrar> Cache<R> {
         self.deregister(free);
     }
 
+    /// Whether any [`Handle`] of this cache is alive (on any thread): what a C caller's
+    /// `ummunotify_cache_free` checks instead of counting handles on the hit path (a count there
+    /// would be a shared read-modify-write on every hit). O(threads + regions), under the miss
+    /// lock; a `get` racing with the call may or may not be seen.
+    pub fn handles_alive(&self) -> bool {
+        let st = self.lock_state();
+        let threads = self.threads.lock().unwrap_or_else(|p| p.into_inner());
+        threads
+            .iter()
+            .any(|t| t.hazards.iter().any(|h| !h.load(Acquire).is_null()))
+            || st
+                .by_cookie
+                .values()
+                .chain(st.retired.iter())
+                .any(|e| e.shared_holds.load(Acquire) != 0)
+    }
+
     /// Applies pending invalidations, then deregisters every retired region no handle holds.
     /// [`get`](Self::get) does this on its slow path; call it to release registrations promptly
     /// (for example after freeing a lot of memory) or before reading [`stats`](Self::stats).
@@ -564,15 +587,61 @@ impl<R: Registrar> Cache<R> {
     /// Events of *your* regions on [`notifier`](Self::notifier) (cookies below
     /// [`CACHE_COOKIE_BIT`]), after applying the cache's own.
     ///
+    /// At most one event per region: a region hit again before its event was taken gets one
+    /// event without `hint` whose range covers both hits (the notifier's own rule for a region
+    /// hit twice before a read). Memory is bounded by the user's regions.
+    ///
     /// # Errors
     /// [`crate::Error::Forked`], [`crate::Error::MonitorDead`].
     pub fn take_events(&self) -> Result<Vec<Event>, crate::Error> {
         let mut st = self.lock_state();
         let free = self.housekeep(&mut st, false);
-        let events = std::mem::take(&mut st.user_events);
+        let events: Vec<Event> = st.user_events.drain().map(|(_, e)| e).collect();
+        st.user_events_pruned = 0;
         drop(st);
         self.deregister(free);
         self.notifier.generation().map(|_| events)
+    }
+
+    /// Like [`take_events`](Self::take_events), into `buf`: moves up to `buf.len()` events there
+    /// and returns how many; the rest stay for the next call. (The C API's
+    /// `ummunotify_cache_read_events`.)
+    ///
+    /// # Errors
+    /// [`crate::Error::Forked`], [`crate::Error::MonitorDead`].
+    pub fn take_events_into(&self, buf: &mut [Event]) -> Result<usize, crate::Error> {
+        let mut st = self.lock_state();
+        let free = self.housekeep(&mut st, false);
+        let cookies: Vec<u64> = st.user_events.keys().take(buf.len()).copied().collect();
+        for (slot, c) in buf.iter_mut().zip(&cookies) {
+            *slot = st.user_events.remove(c).expect("key just listed");
+        }
+        st.user_events_pruned = st.user_events_pruned.min(st.user_events.len());
+        drop(st);
+        self.deregister(free);
+        self.notifier.generation().map(|_| cookies.len())
+    }
+
+    /// Sets a user event aside (miss lock held), merged with one already parked for the cookie.
+    fn park_user_event(&self, st: &mut State<R::Key>, ev: Event) {
+        match st.user_events.entry(ev.cookie.0) {
+            std::collections::hash_map::Entry::Occupied(mut o) => {
+                let p = o.get_mut();
+                p.start = p.start.min(ev.start);
+                p.end = p.end.max(ev.end);
+                p.hint = false;
+            }
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(ev);
+            }
+        }
+        if st.user_events.len() > 2 * st.user_events_pruned.max(32) {
+            // Regions unregistered since their event was parked: the notifier would have
+            // discarded their pending event, so do the same.
+            st.user_events
+                .retain(|c, _| self.notifier.region(crate::Cookie(*c)).is_ok());
+            st.user_events_pruned = st.user_events.len();
+        }
     }
 
     /// Reads the notifier's events, removes invalidated regions, reclaims. Returns what to
@@ -620,7 +689,7 @@ impl<R: Registrar> Cache<R> {
                         dead.push(e.clone());
                     }
                 } else {
-                    st.user_events.push(*ev);
+                    self.park_user_event(st, *ev);
                 }
             }
             if let Some(g) = r.drained {

@@ -4,6 +4,8 @@
 //! `OwnedFd`s created on the same line as the syscall, and turns `-1` into `io::Error`.
 #![allow(unsafe_code)] // The crate's general-purpose syscalls live here and nowhere else.
 
+pub(crate) mod vma;
+
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
@@ -50,8 +52,16 @@ pub(crate) fn eventfd_signal(fd: BorrowedFd<'_>) {
 /// Resets an eventfd counter to 0 (not readable). Non-blocking.
 pub(crate) fn eventfd_drain(fd: BorrowedFd<'_>) {
     let mut v: u64 = 0;
-    // SAFETY: reads 8 bytes into a local u64. EAGAIN (already 0) is the expected failure.
-    let _ = unsafe { libc::read(fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+    // SAFETY: reads 8 bytes into a local u64. EAGAIN (already 0) is the expected failure. A raw
+    // syscall, so an interposed `read` (the 2010 compat preload) never sees the notifier's fd.
+    let _ = unsafe {
+        libc::syscall(
+            libc::SYS_read,
+            fd.as_raw_fd(),
+            (&mut v as *mut u64).cast::<libc::c_void>(),
+            8usize,
+        )
+    };
 }
 
 /// `poll` on up to two fds for readability, blocking. Returns which are readable.
@@ -98,8 +108,10 @@ pub(crate) fn is_mapped(start: usize, end: usize) -> io::Result<bool> {
     }
 }
 
-/// A page of shared memory (a memfd) holding the generation counter. Its fd lets other views
-/// (the C API, the 2010 compat layer's `mmap`) see the same live counter.
+/// Two pages of shared memory (a memfd): the first holds the generation counter, the second the
+/// 2010 notification count (at file offset one page, so a view mapped from there has it in its
+/// first 8 bytes, where a 2010 program reads its counter). The fd lets other views (the C API,
+/// the 2010 compat layer's `mmap`) see the same live words.
 pub(crate) struct CounterPage {
     fd: OwnedFd,
     ptr: NonNull<u8>,
@@ -114,7 +126,7 @@ unsafe impl Sync for CounterPage {}
 impl CounterPage {
     /// `memfd_create` + `ftruncate` + `mmap(MAP_SHARED)`.
     pub(crate) fn new() -> io::Result<CounterPage> {
-        let len = page_size();
+        let len = 2 * page_size();
         // SAFETY: the name is a NUL-terminated literal; returns a new fd or -1.
         let fd =
             cvt(unsafe { libc::memfd_create(c"ummunotify-counter".as_ptr(), libc::MFD_CLOEXEC) })?;
@@ -148,6 +160,19 @@ impl CounterPage {
         // SAFETY: the page is mapped read-write for as long as `self` lives, is page aligned (so
         // 8-byte aligned), zero-initialised by the kernel, and only ever accessed atomically.
         unsafe { &*self.ptr.as_ptr().cast::<crate::primitive::AtomicU64>() }
+    }
+
+    /// The notification word: the first 8 bytes of the second page.
+    pub(crate) fn notification_word(&self) -> &crate::primitive::AtomicU64 {
+        // SAFETY: as for `word`; the mapping is two pages long, so `ptr + page_size()` is inside
+        // it and page aligned.
+        unsafe {
+            &*self
+                .ptr
+                .as_ptr()
+                .add(page_size())
+                .cast::<crate::primitive::AtomicU64>()
+        }
     }
 
     /// Address of the page (for the fork handler, which replaces it in a child).

@@ -71,6 +71,24 @@ impl Trace {
         }
     }
 
+    /// Writes the ring, oldest first, to fd 2 without allocating (for a fatal-signal handler).
+    pub fn write_raw(&self, worker: usize) {
+        let next = self.next.load(Relaxed) as usize;
+        for i in next.saturating_sub(TRACE_LEN)..next {
+            let mut line = RawLine::default();
+            line.text("torture trace: worker ");
+            line.hex(worker as u64);
+            line.text(" #");
+            line.hex(i as u64);
+            for word in &self.ops[i % TRACE_LEN] {
+                line.text(" ");
+                line.hex(word.load(Relaxed));
+            }
+            line.text("\n");
+            line.write();
+        }
+    }
+
     /// The ring, oldest first, as text (for a failure message).
     pub fn dump(&self) -> String {
         let next = self.next.load(Relaxed) as usize;
@@ -93,6 +111,87 @@ impl Trace {
                 format!("  #{i} {name} {a:#x} {b:#x} {c:#x}\n")
             })
             .collect()
+    }
+}
+
+/// A line built on the stack (no allocation) and written to fd 2.
+pub struct RawLine {
+    buf: [u8; 256],
+    len: usize,
+}
+
+impl Default for RawLine {
+    fn default() -> Self {
+        RawLine {
+            buf: [0; 256],
+            len: 0,
+        }
+    }
+}
+
+impl RawLine {
+    pub fn text(&mut self, t: &str) {
+        for &b in t.as_bytes() {
+            if self.len < self.buf.len() {
+                self.buf[self.len] = b;
+                self.len += 1;
+            }
+        }
+    }
+
+    pub fn hex(&mut self, v: u64) {
+        self.text("0x");
+        let digits = b"0123456789abcdef";
+        let mut started = false;
+        for shift in (0..16).rev() {
+            let d = ((v >> (shift * 4)) & 0xF) as usize;
+            if d != 0 || started || shift == 0 {
+                started = true;
+                if self.len < self.buf.len() {
+                    self.buf[self.len] = digits[d];
+                    self.len += 1;
+                }
+            }
+        }
+    }
+
+    pub fn write(&self) {
+        // SAFETY: writes initialised bytes of a live buffer to stderr.
+        unsafe { libc::write(2, self.buf.as_ptr().cast(), self.len) };
+    }
+}
+
+/// On SIGSEGV, SIGBUS or SIGABRT: write the seed and every worker's recent operations to fd 2
+/// (no allocation: async-signal-safe), then die of the same signal with a core dump. A crash in
+/// a worker otherwise leaves only a core and a backtrace, not what the worker was doing.
+pub fn install_crash_report() {
+    extern "C" fn on_fatal(sig: libc::c_int) {
+        let mut line = RawLine::default();
+        line.text("torture crash: signal ");
+        line.hex(sig as u64);
+        line.text(", UMN_TORTURE_SEED=");
+        line.hex(super::SEED.load(SeqCst));
+        line.text("; last operations per worker (op codes: OP_* in engine.rs):\n");
+        line.write();
+        for (w, t) in TRACE.iter().enumerate() {
+            t.write_raw(w);
+        }
+        // SA_RESETHAND put the default action back: raising the signal again (delivered at
+        // once: SA_NODEFER) kills the process with a core, whether the signal came from a fault
+        // or from kill(2).
+        // SAFETY: raise is async-signal-safe.
+        unsafe { libc::raise(sig) };
+    }
+    let handler: extern "C" fn(libc::c_int) = on_fatal;
+    for sig in [libc::SIGSEGV, libc::SIGBUS, libc::SIGABRT] {
+        // SAFETY: a zeroed sigaction is valid; the handler only writes to fd 2.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = handler as usize;
+            sa.sa_flags = libc::SA_RESETHAND | libc::SA_NODEFER;
+            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigaction(sig, &sa, std::ptr::null_mut());
+        }
     }
 }
 

@@ -128,7 +128,8 @@ impl Uffd {
         if !self.closed.swap(true, SeqCst) {
             // SAFETY: the fd is open (closed was false) and, per the contract above, no other
             // thread uses it any more; `Drop` will not close it again.
-            unsafe { libc::close(self.fd.as_raw_fd()) };
+            // A raw syscall: an interposed `close` (the 2010 compat preload) must not run here.
+            unsafe { libc::syscall(libc::SYS_close, self.fd.as_raw_fd()) };
         }
     }
 }
@@ -187,12 +188,14 @@ pub(crate) fn probe() -> BackendReport {
     if let Ok(v) = std::fs::read_to_string("/proc/sys/vm/unprivileged_userfaultfd") {
         notes.push(format!("vm.unprivileged_userfaultfd = {}", v.trim()));
     }
-    if let Ok(v) = std::fs::read_to_string("/proc/sys/vm/max_map_count") {
-        notes.push(format!(
-            "vm.max_map_count = {} (bounds how many separate watched ranges fit)",
-            v.trim()
-        ));
-    }
+    let max = crate::sys::vma::max_map_count();
+    let vmas = crate::sys::vma::count().map_or("?".to_owned(), |n| n.to_string());
+    notes.push(format!(
+        "vm.max_map_count = {max}: a notifier watches regions' own pages while the process has \
+         under {} VMAs (half, less a margin of 1024; this process has {vmas}), and past that \
+         the whole VMAs they lie in (which splits none; their other pages then pay a round trip)",
+        max / 2 - 1024.min(max / 2)
+    ));
     BackendReport {
         name: "userfaultfd",
         status,

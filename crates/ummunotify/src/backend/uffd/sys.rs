@@ -113,6 +113,17 @@ const _: () = assert!(UFFDIO_API == 0xC018_AA3F);
 const _: () = assert!(UFFDIO_REGISTER == 0xC020_AA00);
 const _: () = assert!(UFFDIO_UNREGISTER == 0x8010_AA01);
 
+/// `ioctl(2)` as a raw syscall, never through the `ioctl` symbol: a library that interposes
+/// `ioctl` (the 2010 compat preload does) must not see the context's own requests, whatever it
+/// believes the fd number to be.
+///
+/// # Safety
+/// `arg` must be what `request` expects on `fd`.
+unsafe fn ioctl(fd: libc::c_int, request: libc::c_ulong, arg: *mut libc::c_void) -> libc::c_long {
+    // SAFETY: (caller) `arg` matches `request`; the kernel validates `fd`.
+    unsafe { libc::syscall(libc::SYS_ioctl, fd, request, arg) }
+}
+
 fn cvt(ret: libc::c_long) -> io::Result<libc::c_long> {
     if ret == -1 {
         Err(io::Error::last_os_error())
@@ -139,7 +150,13 @@ pub(crate) fn userfaultfd_dev(flags: libc::c_int) -> io::Result<OwnedFd> {
         .write(true)
         .open("/dev/userfaultfd")?;
     // SAFETY: USERFAULTFD_IOC_NEW takes an integer argument and returns a new fd or -1.
-    let fd = cvt(unsafe { libc::ioctl(dev.as_raw_fd(), USERFAULTFD_IOC_NEW, flags) } as _)?;
+    let fd = cvt(unsafe {
+        ioctl(
+            dev.as_raw_fd(),
+            USERFAULTFD_IOC_NEW,
+            flags as libc::c_long as *mut libc::c_void,
+        )
+    })?;
     // SAFETY: the kernel just returned this fd to us; nobody else owns it.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) })
 }
@@ -153,7 +170,13 @@ pub(crate) fn api(fd: BorrowedFd<'_>, features: u64) -> io::Result<UffdioApi> {
         ioctls: 0,
     };
     // SAFETY: UFFDIO_API reads and writes exactly one `struct uffdio_api`, which `arg` is.
-    cvt(unsafe { libc::ioctl(fd.as_raw_fd(), UFFDIO_API, &mut arg) } as _)?;
+    cvt(unsafe {
+        ioctl(
+            fd.as_raw_fd(),
+            UFFDIO_API,
+            (&mut arg as *mut UffdioApi).cast(),
+        )
+    })?;
     Ok(arg)
 }
 
@@ -166,7 +189,13 @@ pub(crate) fn register_wp(fd: BorrowedFd<'_>, start: u64, len: u64) -> io::Resul
     };
     // SAFETY: UFFDIO_REGISTER reads and writes one `struct uffdio_register`, which `arg` is. It
     // changes no memory of ours: it only marks the VMAs in the range.
-    cvt(unsafe { libc::ioctl(fd.as_raw_fd(), UFFDIO_REGISTER, &mut arg) } as _)?;
+    cvt(unsafe {
+        ioctl(
+            fd.as_raw_fd(),
+            UFFDIO_REGISTER,
+            (&mut arg as *mut UffdioRegister).cast(),
+        )
+    })?;
     Ok(())
 }
 
@@ -174,19 +203,28 @@ pub(crate) fn register_wp(fd: BorrowedFd<'_>, start: u64, len: u64) -> io::Resul
 pub(crate) fn unregister(fd: BorrowedFd<'_>, start: u64, len: u64) -> io::Result<()> {
     let mut arg = UffdioRange { start, len };
     // SAFETY: UFFDIO_UNREGISTER reads one `struct uffdio_range`, which `arg` is.
-    cvt(unsafe { libc::ioctl(fd.as_raw_fd(), UFFDIO_UNREGISTER, &mut arg) } as _)?;
+    cvt(unsafe {
+        ioctl(
+            fd.as_raw_fd(),
+            UFFDIO_UNREGISTER,
+            (&mut arg as *mut UffdioRange).cast(),
+        )
+    })?;
     Ok(())
 }
 
 /// Reads at most one message. `Ok(None)` when none is queued (the fd is non-blocking).
 ///
-/// This is on the event path: no allocation, the buffer is the caller's.
+/// This is on the event path: no allocation, the buffer is the caller's. A raw syscall, never the
+/// `read` symbol: a preload that interposes `read` (the 2010 compat layer) must never run on the
+/// event path, and a stale idea of what this fd number is could make it block there.
 pub(crate) fn read_one(fd: BorrowedFd<'_>, msg: &mut UffdMsg) -> io::Result<Option<()>> {
     // SAFETY: `msg` is 32 writable bytes, and we ask for at most 32.
     let n = unsafe {
-        libc::read(
+        libc::syscall(
+            libc::SYS_read,
             fd.as_raw_fd(),
-            (msg as *mut UffdMsg).cast(),
+            (msg as *mut UffdMsg).cast::<libc::c_void>(),
             std::mem::size_of::<UffdMsg>(),
         )
     };

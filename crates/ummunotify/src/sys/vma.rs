@@ -1,0 +1,188 @@
+//! The process's own mappings (VMAs): where they start and end, how many there are, and how
+//! many the kernel allows (`vm.max_map_count`). Used by the watch policy (`crate::notifier`):
+//! over its VMA budget a region is watched as the whole VMAs it lies in, which splits nothing.
+//!
+//! Lookups use the `PROCMAP_QUERY` ioctl on `/proc/self/maps` (Linux 6.11+, O(log n) per
+//! query) and fall back to reading `/proc/self/maps` where the kernel lacks it.
+#![allow(unsafe_code)] // One ioctl with a kernel-defined struct.
+
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::fd::AsRawFd;
+
+/// `struct procmap_query` (include/uapi/linux/fs.h, Linux 6.11).
+#[repr(C)]
+#[derive(Default)]
+struct ProcmapQuery {
+    size: u64,
+    query_flags: u64,
+    query_addr: u64,
+    vma_start: u64,
+    vma_end: u64,
+    vma_flags: u64,
+    vma_page_size: u64,
+    vma_offset: u64,
+    inode: u64,
+    dev_major: u32,
+    dev_minor: u32,
+    vma_name_size: u32,
+    build_id_size: u32,
+    vma_name_addr: u64,
+    build_id_addr: u64,
+}
+
+const _: () = assert!(std::mem::size_of::<ProcmapQuery>() == 104);
+
+/// `_IOWR('f', 17, struct procmap_query)`.
+const PROCMAP_QUERY: libc::c_ulong = (3 << 30) | (104 << 16) | ((b'f' as libc::c_ulong) << 8) | 17;
+/// Return the VMA covering the address, or the next one after it.
+const PROCMAP_QUERY_COVERING_OR_NEXT_VMA: u64 = 0x10;
+
+/// A handle on the process's mapping list.
+#[derive(Debug)]
+pub(crate) struct Vmas {
+    maps: File,
+    /// Whether `PROCMAP_QUERY` works here (else every lookup reads the whole list).
+    query: bool,
+}
+
+impl Vmas {
+    /// Opens `/proc/self/maps` and probes `PROCMAP_QUERY`.
+    pub(crate) fn open() -> io::Result<Vmas> {
+        let maps = File::open("/proc/self/maps")?;
+        let mut v = Vmas { maps, query: true };
+        // A probe on the lowest address: any process has some mapping above it.
+        v.query = v.query_at(0).is_ok();
+        Ok(v)
+    }
+
+    /// The first VMA ending above `addr` (covering it or after it), if any.
+    fn query_at(&self, addr: u64) -> io::Result<Option<(u64, u64)>> {
+        let mut q = ProcmapQuery {
+            size: std::mem::size_of::<ProcmapQuery>() as u64,
+            query_flags: PROCMAP_QUERY_COVERING_OR_NEXT_VMA,
+            query_addr: addr,
+            ..ProcmapQuery::default()
+        };
+        // SAFETY: the ioctl reads and writes exactly one `procmap_query`, whose size it is told;
+        // name and build-id buffers are not requested (sizes 0).
+        let r = unsafe { libc::ioctl(self.maps.as_raw_fd(), PROCMAP_QUERY, &mut q) };
+        if r == 0 {
+            return Ok(Some((q.vma_start, q.vma_end)));
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::ENOENT) => Ok(None),
+            _ => Err(e),
+        }
+    }
+
+    /// Every VMA, in address order, from a fresh read of `/proc/self/maps`.
+    fn all() -> io::Result<Vec<(u64, u64)>> {
+        let mut text = String::new();
+        File::open("/proc/self/maps")?.read_to_string(&mut text)?;
+        Ok(text
+            .lines()
+            .filter_map(|l| {
+                let (s, e) = l.split(' ').next()?.split_once('-')?;
+                Some((
+                    u64::from_str_radix(s, 16).ok()?,
+                    u64::from_str_radix(e, 16).ok()?,
+                ))
+            })
+            .collect())
+    }
+
+    /// The extent `[first VMA start, last VMA end)` of the VMAs covering `[start, end)`, if
+    /// they cover it with no hole; `None` if part of the range is unmapped.
+    pub(crate) fn extent(&self, start: u64, end: u64) -> io::Result<Option<(u64, u64)>> {
+        let mut first = None;
+        let mut pos = start;
+        if self.query {
+            while pos < end {
+                match self.query_at(pos)? {
+                    Some((s, e)) if s <= pos => {
+                        first.get_or_insert(s);
+                        pos = e;
+                    }
+                    _ => return Ok(None),
+                }
+            }
+        } else {
+            for (s, e) in Self::all()?.into_iter().filter(|&(_, e)| e > start) {
+                if pos >= end {
+                    break;
+                }
+                if s > pos {
+                    return Ok(None);
+                }
+                first.get_or_insert(s);
+                pos = e;
+            }
+            if pos < end {
+                return Ok(None);
+            }
+        }
+        Ok(first.map(|s| (s, pos)))
+    }
+}
+
+/// How many VMAs the process has now (lines of `/proc/self/maps`).
+pub(crate) fn count() -> io::Result<usize> {
+    let mut text = String::new();
+    File::open("/proc/self/maps")?.read_to_string(&mut text)?;
+    Ok(text.lines().count())
+}
+
+/// `vm.max_map_count`, or the kernel's default (65,530) if it can not be read.
+pub(crate) fn max_map_count() -> usize {
+    std::fs::read_to_string("/proc/sys/vm/max_map_count")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(65_530)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `PROCMAP_QUERY` and the fallback agree on a real mapping split in three.
+    #[test]
+    fn extent_of_a_split_mapping() {
+        let pg = 4096u64;
+        // SAFETY: a fresh private mapping; only this test touches it.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                (3 * pg) as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        } as u64;
+        // SAFETY: changes the protection of the middle page of our own mapping (a split).
+        unsafe { libc::mprotect((p + pg) as *mut libc::c_void, pg as usize, libc::PROT_READ) };
+        let mut v = Vmas::open().unwrap();
+        eprintln!("PROCMAP_QUERY works here: {}", v.query);
+        for query in [v.query, false] {
+            v.query = query;
+            assert_eq!(
+                v.extent(p + pg, p + 2 * pg).unwrap(),
+                Some((p + pg, p + 2 * pg))
+            );
+            assert_eq!(v.extent(p, p + 3 * pg).unwrap(), Some((p, p + 3 * pg)));
+            assert_eq!(v.extent(p + 10, p + 20).unwrap(), Some((p, p + pg)));
+        }
+        // SAFETY: unmaps the last page: now a hole.
+        unsafe { libc::munmap((p + 2 * pg) as *mut libc::c_void, pg as usize) };
+        for query in [true, false] {
+            v.query = query && Vmas::open().unwrap().query;
+            assert_eq!(v.extent(p, p + 3 * pg).unwrap(), None);
+        }
+        // SAFETY: our own mapping.
+        unsafe { libc::munmap(p as *mut libc::c_void, (2 * pg) as usize) };
+        assert!(count().unwrap() > 3);
+        assert!(max_map_count() > 1000);
+    }
+}
