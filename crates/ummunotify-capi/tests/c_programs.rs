@@ -142,6 +142,19 @@ fn c_signals() {
     check_program("signals");
 }
 
+/// The hooks backend through the C library, chosen with `UMN_BACKEND=hooks` (what Auto picks
+/// where userfaultfd is denied).
+#[test]
+fn c_hooks() {
+    for link in [Link::Shared, Link::Static, Link::AsanStatic] {
+        let exe = compile("hooks", link);
+        assert!(
+            run(&exe, &[("UMN_BACKEND", "hooks")]),
+            "the hooks backend must start here (x86-64 glibc)"
+        );
+    }
+}
+
 /// The documented install step and `pkg-config --cflags --libs ummunotify` work end to end.
 #[test]
 fn pkg_config_after_install() {

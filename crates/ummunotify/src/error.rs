@@ -24,6 +24,24 @@ pub enum Unsupported {
     },
     /// Any other failure of the handshake.
     Other(io::Error),
+    /// The hooks backend can not patch libc here (not x86-64, no dynamic glibc, an unknown
+    /// glibc build, another library's patch in the way, `mprotect` of libc's text refused).
+    Hooks {
+        /// What was found, in words.
+        reason: String,
+    },
+    /// `UMN_BACKEND` names no backend.
+    UnknownBackend {
+        /// The value found.
+        value: String,
+    },
+    /// `Backend::Auto`: neither backend can start.
+    NoBackend {
+        /// Why userfaultfd can not.
+        userfaultfd: Box<Unsupported>,
+        /// Why the hooks can not.
+        hooks: String,
+    },
 }
 
 impl fmt::Display for Unsupported {
@@ -45,6 +63,18 @@ impl fmt::Display for Unsupported {
                 missing.join(", ")
             ),
             Unsupported::Other(e) => write!(f, "userfaultfd handshake failed: {e}"),
+            Unsupported::Hooks { reason } => {
+                write!(f, "the hooks backend can not patch libc: {reason}")
+            }
+            Unsupported::UnknownBackend { value } => write!(
+                f,
+                "UMN_BACKEND={value:?} names no backend (expected auto, uffd or hooks)"
+            ),
+            Unsupported::NoBackend { userfaultfd, hooks } => write!(
+                f,
+                "no backend can start: {userfaultfd}; and the hooks backend can not patch \
+                 libc: {hooks}"
+            ),
         }
     }
 }

@@ -42,6 +42,12 @@
 //! # Ok(()) }
 //! ```
 //!
+//! Where userfaultfd is denied (containers' default seccomp profiles), [`Notifier::new`] runs on
+//! the hooks [`Backend`] instead (x86-64 glibc): libc's unmapping calls, glibc's internal ones
+//! from `free`, `realloc`, `malloc_trim` and thread exit included, invalidate the regions in the
+//! calling thread before they return; raw syscalls and io_uring are not seen.
+//! [`Notifier::backend`] says which backend runs and why; `UMN_BACKEND` chooses.
+//!
 //! See `docs/ARCHITECTURE.md` for the protocol that makes the invalidation visible before the
 //! unmapping call returns, and the rules that keep the event path deadlock-free.
 #![deny(unsafe_code)]
@@ -81,7 +87,7 @@ mod segvec;
 mod sys;
 
 #[cfg(not(loom))]
-pub use backend::{probe, BackendReport};
+pub use backend::{probe, Backend, BackendReport, BACKEND_ENV};
 #[cfg(not(loom))]
 pub use cache::Cache;
 #[cfg(not(loom))]

@@ -19,8 +19,9 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
-use crate::backend::uffd::{self, Uffd};
+use crate::backend::uffd;
 use crate::backend::Invalidation;
+use crate::backend::{hooks, Backend, Watcher};
 use crate::coverage::Coverage;
 use crate::event::{Event, Pending};
 use crate::generation::{self, Generation, DEAD, FORKED};
@@ -204,7 +205,8 @@ pub(crate) struct Shared {
     slots: SegVec<Slot>,
     index: Mutex<IndexState>,
     registry: Mutex<Registry>,
-    uffd: Uffd,
+    /// The kernel's userfaultfd context, or the hooks' filter (see `backend::Watcher`).
+    uffd: Watcher,
     strays_pending: AtomicBool,
     messages: StdAtomicU64,
     invalidations: StdAtomicU64,
@@ -568,16 +570,44 @@ pub struct Notifier {
     shared: Arc<Shared>,
     monitor: Option<JoinHandle<()>>,
     fork_slot: fork::Slot,
+    /// The hooks backend's entry in the sink table (`None` on userfaultfd); held for its `Drop`.
+    #[allow(dead_code)]
+    hooks_sink: Option<hooks::Sink>,
+    /// The backend that runs, and why it was chosen.
+    backend: (Backend, String),
 }
 
 impl Notifier {
-    /// Starts a notifier on the userfaultfd backend (one monitor thread).
+    /// Starts a notifier on the backend `UMN_BACKEND` names (`auto`, `uffd`, `hooks`), by
+    /// default [`Backend::Auto`]: userfaultfd (one monitor thread) where it starts, else the
+    /// hooks backend. [`backend`](Self::backend) says which one runs and why.
     ///
     /// # Errors
-    /// [`Error::Unsupported`] says exactly why the backend can not start (no userfaultfd, refused
-    /// by seccomp or by `vm.unprivileged_userfaultfd`, missing event features).
+    /// [`Error::Unsupported`] says exactly why no backend can start (no userfaultfd, refused
+    /// by seccomp or by `vm.unprivileged_userfaultfd`, missing event features; and why libc can
+    /// not be patched), or that `UMN_BACKEND` names none.
     pub fn new() -> Result<Notifier> {
-        let uffd = Uffd::open().map_err(Error::Unsupported)?;
+        Notifier::with_backend(Backend::from_env().map_err(Error::Unsupported)?)
+    }
+
+    /// Starts a notifier on `backend`.
+    ///
+    /// ```
+    /// use ummunotify::{Backend, Notifier};
+    ///
+    /// let n = Notifier::with_backend(Backend::Auto)?;
+    /// println!("running on {}: {}", n.backend(), n.backend_reason());
+    /// # Ok::<(), ummunotify::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] naming why that backend can not start here.
+    pub fn with_backend(backend: Backend) -> Result<Notifier> {
+        let (uffd, chosen, reason) = crate::backend::open(backend).map_err(Error::Unsupported)?;
+        Notifier::start(uffd, (chosen, reason))
+    }
+
+    fn start(uffd: Watcher, backend: (Backend, String)) -> Result<Notifier> {
         let os = |op| move |source| Error::Os { op, source };
         let counter = CounterPage::new().map_err(os("memfd_create"))?;
         let ready_fd = sys::eventfd().map_err(os("eventfd"))?;
@@ -603,7 +633,14 @@ impl Notifier {
                 coverage: Coverage::new(),
                 free: Vec::new(),
                 next_slot: 0,
-                budget: WatchBudget::new(),
+                budget: match uffd {
+                    // Hooks watch pages in their own filter, which splits no VMA: never widen.
+                    Watcher::Hooks(_) => WatchBudget {
+                        limit: usize::MAX / 4,
+                        ..WatchBudget::new()
+                    },
+                    Watcher::Uffd(_) => WatchBudget::new(),
+                },
             }),
             uffd,
             strays_pending: AtomicBool::new(false),
@@ -619,12 +656,41 @@ impl Notifier {
             op: "fork registration",
             source: io::Error::other("too many live notifiers in this process"),
         })?;
-        let monitor = uffd::monitor::spawn(shared.clone()).map_err(os("spawn monitor thread"))?;
+        let (monitor, hooks_sink) = if backend.0 == Backend::Hooks {
+            let sink = hooks::Sink::publish(shared.clone()).ok_or(Error::Os {
+                op: "hooks registration",
+                source: io::Error::other("too many live hooks notifiers in this process"),
+            })?;
+            (None, Some(sink))
+        } else {
+            let m = uffd::monitor::spawn(shared.clone()).map_err(os("spawn monitor thread"))?;
+            (Some(m), None)
+        };
         Ok(Notifier {
             shared,
-            monitor: Some(monitor),
+            monitor,
             fork_slot,
+            hooks_sink,
+            backend,
         })
+    }
+
+    /// The backend this notifier runs on ([`Backend::Userfaultfd`] or [`Backend::Hooks`]).
+    pub fn backend(&self) -> Backend {
+        self.backend.0
+    }
+
+    /// Why this backend runs, in words (what was asked for, what failed, how it was opened).
+    pub fn backend_reason(&self) -> &str {
+        &self.backend.1
+    }
+
+    /// How many libc calls went through the hooks in this process so far (every process-wide
+    /// call, registered or not; 0 when the hooks were never installed). For tests and
+    /// diagnostics; not part of the stable API.
+    #[doc(hidden)]
+    pub fn hooked_calls() -> usize {
+        hooks::hooked_calls()
     }
 
     /// Registers `range` under `cookie` and starts watching it.
@@ -1053,5 +1119,47 @@ impl Drop for Notifier {
         self.shared.stopping.store(true, SeqCst);
         sys::eventfd_signal(self.shared.stop_fd());
         let _ = monitor.join();
+    }
+}
+
+impl Shared {
+    /// The hooks backend's event path: applies an invalidation of `[start, end)` in the calling
+    /// thread, with the monitor's steps 2–5 under one hold of the index lock (so the counter is
+    /// odd only while that lock is held, as with one monitor). The caller has blocked every
+    /// signal (a handler must never run while this thread holds the index lock). Does
+    /// nothing, and leaves the counter alone, when no region overlaps the range. Never
+    /// allocates, frees, unmaps or calls a patched libc function (see `backend::hooks`).
+    ///
+    /// `again` marks the second pass of one call (after its syscall): a region the first pass
+    /// left pending is not hit twice (its hint stays the clipped range of the one call), and when
+    /// every overlapping region is still pending nothing changes at all, counter included.
+    pub(crate) fn invalidate_in_thread(&self, start: u64, end: u64, unmap: bool, again: bool) {
+        let mut l = self.lock_index();
+        let mut any = false;
+        {
+            let Locked { st, slots } = &mut l;
+            let slots: &SegVec<Slot> = slots;
+            st.tree
+                .for_each_overlap(&SlotNodes(slots), start, end, |id| {
+                    let slot = slots.get(id).expect("tree node id without a slot");
+                    // SAFETY: index lock held; this closure is the only user of this slot's data
+                    // cell right now (the tree walk borrows only node cells).
+                    let d = unsafe { &*slot.data.get() };
+                    any |= d.span.is_some() && !(again && d.pending.is_pending());
+                });
+        }
+        if !any {
+            return;
+        }
+        generation::begin_message(self.counter());
+        // A region is hit (checked above): a 2010 notification, counted for good.
+        generation::count_notification(self.counter.notification_word());
+        self.messages.fetch_add(1, Relaxed);
+        let (newly, hits) = l.invalidate(start, end, unmap, again);
+        self.invalidations.fetch_add(hits, Relaxed);
+        if newly {
+            self.signal_ready(&mut l);
+        }
+        generation::end_message(self.counter());
     }
 }

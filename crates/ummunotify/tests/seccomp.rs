@@ -1,7 +1,9 @@
 //! userfaultfd unavailable: a child process installs a seccomp filter (raw BPF) that answers
 //! `EPERM` to `userfaultfd(2)` and to `ioctl(USERFAULTFD_IOC_NEW)` on `/dev/userfaultfd` (what
-//! container runtimes do by default). `Notifier::new()` and `Cache::new()` must then fail at once
-//! with `Error::Unsupported(PermissionDenied)` whose message names the cause; nothing hangs.
+//! container runtimes do by default). The userfaultfd backend must then fail at once with
+//! `Error::Unsupported(PermissionDenied)` whose message names the cause, and `Notifier::new()`
+//! (Auto) and `Cache::new()` must fall back to the hooks backend, say why, and see libc munmap,
+//! madvise and free() of a registered mmapped malloc block before they return.
 //!
 //! Opening `/dev/userfaultfd` itself can not be filtered by path in seccomp (BPF sees pointers, not
 //! strings); blocking the ioctl is what makes the device useless, and that is what is tested.
@@ -12,7 +14,7 @@ use std::time::Duration;
 
 use torture_kit::*;
 use ummunotify::cache::{Cache, Config};
-use ummunotify::{Error, NoopRegistrar, Notifier, Unsupported};
+use ummunotify::{Backend, Cookie, Error, NoopRegistrar, Notifier, Unsupported};
 
 const AUDIT_ARCH_X86_64: u32 = 0xC000_003E;
 const USERFAULTFD_IOC_NEW: u32 = 0xAA00;
@@ -71,6 +73,9 @@ fn deny_userfaultfd() {
     assert_eq!(r, 0, "seccomp: {}", std::io::Error::last_os_error());
 }
 
+/// `mallopt` parameter: the mmap threshold (setting it also turns glibc's dynamic one off).
+const M_MMAP_THRESHOLD: libc::c_int = -3;
+
 fn child() {
     deny_userfaultfd();
     // The filter works: the raw syscall is refused.
@@ -79,9 +84,11 @@ fn child() {
     let errno = std::io::Error::last_os_error().raw_os_error();
     assert_eq!((fd, errno), (-1, Some(libc::EPERM)), "filter not in force");
 
-    let err = Notifier::new().expect_err("Notifier::new() must fail under the filter");
+    // Asked for by name, userfaultfd fails at once with a message naming the cause.
+    let err = Notifier::with_backend(Backend::Userfaultfd)
+        .expect_err("the userfaultfd backend must fail under the filter");
     let msg = err.to_string();
-    eprintln!("Notifier::new(): {msg}");
+    eprintln!("Notifier::with_backend(Userfaultfd): {msg}");
     match &err {
         Error::Unsupported(Unsupported::PermissionDenied { attempts }) => {
             assert!(attempts.contains("userfaultfd(2)"), "{attempts}");
@@ -102,24 +109,70 @@ fn child() {
         std::io::Error::from(err).kind(),
         std::io::ErrorKind::Unsupported
     );
-
-    match Cache::new(NoopRegistrar, Config::default()) {
-        Err(ummunotify::cache::Error::Notifier(Error::Unsupported(
-            Unsupported::PermissionDenied { .. },
-        ))) => {}
-        Err(e) => panic!("Cache::new: unexpected error {e:?}"),
-        Ok(_) => panic!("Cache::new succeeded under the filter"),
-    }
-    // The probe reports it too, and nothing was left half-started: a second try fails the same.
+    // Nothing was left half-started: a second try fails the same.
     assert!(matches!(
-        Notifier::new(),
+        Notifier::with_backend(Backend::Userfaultfd),
         Err(Error::Unsupported(Unsupported::PermissionDenied { .. }))
     ));
+
+    // Auto (what `new()`, the C library and the 2010 preload use) falls back to the hooks and
+    // says why.
+    let n = Notifier::new().expect("Notifier::new() must fall back to the hooks backend");
+    eprintln!("Notifier::new(): {}: {}", n.backend(), n.backend_reason());
+    assert_eq!(n.backend(), Backend::Hooks);
+    assert!(
+        n.backend_reason().contains("userfaultfd can not start")
+            && n.backend_reason().contains("not permitted"),
+        "{}",
+        n.backend_reason()
+    );
+
+    // It works: libc munmap, madvise and free() of a registered mmapped malloc block are seen
+    // before they return.
+    let p = common::page();
+    let a = common::map(2 * p);
+    let r1 = n.register(a..a + p, Cookie(1)).unwrap();
+    let r2 = n.register(a + p..a + 2 * p, Cookie(2)).unwrap();
+    assert!(n.is_valid(r1) && n.is_valid(r2));
+    common::madvise(a + p, p, libc::MADV_DONTNEED);
+    assert!(
+        !n.is_valid(r2),
+        "madvise(DONTNEED) not seen before it returned"
+    );
+    assert!(n.is_valid(r1));
+    common::unmap(a, p);
+    assert!(!n.is_valid(r1), "munmap not seen before it returned");
+
+    // SAFETY: mallopt only changes the allocator's tuning (this child is single-threaded).
+    unsafe { libc::mallopt(M_MMAP_THRESHOLD, 128 << 10) };
+    let len = 1 << 20;
+    // SAFETY: plain allocation, freed once below.
+    let block = unsafe { libc::malloc(len) } as usize;
+    assert_ne!(block, 0);
+    let inner = (block + p).next_multiple_of(p);
+    let r3 = n.register(inner..inner + p, Cookie(3)).unwrap();
+    assert!(n.is_valid(r3));
+    // SAFETY: the block from malloc above, freed once; glibc unmaps an mmapped chunk.
+    unsafe { libc::free(block as *mut libc::c_void) };
+    assert!(
+        !n.is_valid(r3),
+        "free() of an mmapped block not seen before it returned"
+    );
+    let cookies: Vec<u64> = n.events().unwrap().iter().map(|e| e.cookie.0).collect();
+    for c in [1, 2, 3] {
+        assert!(cookies.contains(&c), "no event for cookie {c}: {cookies:?}");
+    }
+    drop(n);
+
+    match Cache::new(NoopRegistrar, Config::default()) {
+        Ok(c) => assert_eq!(c.notifier().backend(), Backend::Hooks),
+        Err(e) => panic!("Cache::new under the filter: {e:?}"),
+    }
     println!("SECCOMP-CHILD-OK");
 }
 
 #[test]
-fn userfaultfd_denied_by_seccomp_fails_with_a_clear_error() {
+fn userfaultfd_denied_by_seccomp_falls_back_to_hooks() {
     if child_role().as_deref() == Some("seccomp") {
         child();
         return;
@@ -130,7 +183,7 @@ fn userfaultfd_denied_by_seccomp_fails_with_a_clear_error() {
         return;
     }
     let out = run_child(
-        "userfaultfd_denied_by_seccomp_fails_with_a_clear_error",
+        "userfaultfd_denied_by_seccomp_falls_back_to_hooks",
         "seccomp",
         Duration::from_secs(60),
     );

@@ -15,7 +15,7 @@ use ummunotify_testkit::changes::json_string;
 
 use ummunotify::cache::{Cache, Config};
 use ummunotify::registrar::NoopRegistrar;
-use ummunotify::{Cookie, Notifier};
+use ummunotify::{Backend, Cookie, Notifier};
 
 /// One result row.
 #[derive(Debug, Clone)]
@@ -378,7 +378,104 @@ pub fn run(quick: bool) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
         "cache_hit_index_1k_regions",
         r1k,
     ));
+    // Last: installing the hooks patches libc for the rest of this process.
+    match Notifier::with_backend(Backend::Hooks) {
+        Ok(n) => rows.extend(hooks_rows(&n, 5_000 / scale)?),
+        Err(e) => eprintln!("umn bench: no hooks rows: {e}"),
+    }
     Ok(rows)
+}
+
+/// The raw syscall, bypassing libc (and so the hooks).
+fn raw(nr: libc::c_long, a: usize, len: usize, advice: libc::c_int) {
+    // SAFETY: munmap/madvise of a benchmark-owned page.
+    unsafe { libc::syscall(nr, a, len, advice) };
+}
+
+/// Under the hooks backend, one run, interleaved call by call: libc munmap and
+/// madvise(DONTNEED) of a registered 4 KiB page, of an unregistered one, and the raw syscall;
+/// and munmap after 2 ms idle, registered vs unregistered.
+fn hooks_rows(n: &Notifier, cycles: usize) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
+    let pg = page();
+    let mut t = [(); 6].map(|_| Vec::with_capacity(cycles));
+    let time = |v: &mut Vec<f64>, f: &mut dyn FnMut()| {
+        let t = Instant::now();
+        f();
+        v.push(t.elapsed().as_nanos() as f64);
+    };
+    let mut cookie = 1 << 50;
+    for _ in 0..cycles {
+        let (r, u, w) = (map(pg, 0), map(pg, 0), map(pg, 0));
+        touch(r, pg);
+        touch(u, pg);
+        touch(w, pg);
+        cookie += 1;
+        n.register(r..r + pg, Cookie(cookie))?;
+        let dontneed = libc::MADV_DONTNEED;
+        // SAFETY (all three closures below): benchmark-owned pages.
+        time(&mut t[0], &mut || unsafe {
+            libc::madvise(r as *mut _, pg, dontneed);
+        });
+        time(&mut t[1], &mut || unsafe {
+            libc::madvise(u as *mut _, pg, dontneed);
+        });
+        time(&mut t[2], &mut || raw(libc::SYS_madvise, w, pg, dontneed));
+        n.unregister(Cookie(cookie))?;
+        touch(r, pg);
+        cookie += 1;
+        n.register(r..r + pg, Cookie(cookie))?;
+        time(&mut t[3], &mut || unmap(r, pg));
+        time(&mut t[4], &mut || unmap(u, pg));
+        time(&mut t[5], &mut || raw(libc::SYS_munmap, w, pg, 0));
+        n.unregister(Cookie(cookie))?;
+    }
+    let [dr, du, dw, mr, mu, mw] = t.map(median);
+    // Cold: each call after 2 ms of sleep (the CPU idle), registered and unregistered alternately.
+    let (mut cr, mut cu) = (Vec::new(), Vec::new());
+    for _ in 0..(cycles / 16).max(10) {
+        let (r, u) = (map(pg, 0), map(pg, 0));
+        touch(r, pg);
+        touch(u, pg);
+        cookie += 1;
+        n.register(r..r + pg, Cookie(cookie))?;
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        time(&mut cr, &mut || unmap(r, pg));
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        time(&mut cu, &mut || unmap(u, pg));
+        n.unregister(Cookie(cookie))?;
+    }
+    Ok(vec![
+        row(
+            "hooks_munmap_registered_4k_cold",
+            median(cr),
+            "hooks_munmap_unregistered_4k_cold",
+            median(cu),
+        ),
+        row(
+            "hooks_munmap_registered_4k",
+            mr,
+            "hooks_munmap_unregistered_4k",
+            mu,
+        ),
+        row(
+            "hooks_madvise_registered_4k",
+            dr,
+            "hooks_madvise_unregistered_4k",
+            du,
+        ),
+        row(
+            "hooks_munmap_unregistered_4k",
+            mu,
+            "raw_syscall_munmap_4k",
+            mw,
+        ),
+        row(
+            "hooks_madvise_unregistered_4k",
+            du,
+            "raw_syscall_madvise_4k",
+            dw,
+        ),
+    ])
 }
 
 /// ns per hit (aggregate over `threads` threads hitting the same region, `ops` hits each).

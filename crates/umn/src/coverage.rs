@@ -3,18 +3,19 @@
 use std::io;
 use std::process::Command;
 
-use ummunotify::{Cookie, Notifier};
+use ummunotify::{Backend, Cookie, Notifier};
 use ummunotify_testkit::changes::{
     case_json, json_string, print_child_report, run_case, run_in_child, CaseReport, ChangeKind,
 };
 
-use crate::watch::NotifierWatcher;
+use crate::watch::{expects, NotifierWatcher};
 
 /// The hidden subcommand a child runs.
 pub const CHILD_SUBCOMMAND: &str = "__coverage-case";
 
-/// Runs `kind` in this process against a fresh notifier and prints the report line for the
-/// parent. Used by the child side of [`run_all`].
+/// Runs `kind` in this process against a fresh notifier (on the backend `UMN_BACKEND` names,
+/// which [`run_all`] sets) and prints the report line for the parent. Used by the child side of
+/// [`run_all`].
 pub fn child_main(kind: ChangeKind) {
     let result = Notifier::new()
         .map_err(io::Error::from)
@@ -33,9 +34,9 @@ pub struct Row {
 }
 
 impl Row {
-    fn new(kind: ChangeKind, result: io::Result<CaseReport>) -> Row {
+    fn new(kind: ChangeKind, result: io::Result<CaseReport>, backend: Backend) -> Row {
         let report = result.unwrap_or_else(|e| {
-            let mut r = CaseReport::new(kind, kind.userfaultfd_reports());
+            let mut r = CaseReport::new(kind, expects(backend, kind));
             r.inconclusive = Some(format!("could not run: {e}"));
             r
         });
@@ -80,14 +81,30 @@ pub fn exit_status(rows: &[Row]) -> u8 {
     }
 }
 
-/// Runs every kind, each in a child process started as `exe CHILD_SUBCOMMAND`.
-pub fn run_all(exe: &std::path::Path) -> Vec<Row> {
+/// Which backend `asked` resolves to here (Auto: userfaultfd where it starts, else hooks), by
+/// starting a notifier on it; the error says why it can not start.
+pub fn resolve(asked: Backend) -> Result<Backend, ummunotify::Error> {
+    Notifier::with_backend(asked).map(|n| n.backend())
+}
+
+/// The name `umn coverage` prints (and puts in its JSON `"backend"`) for a backend that ran.
+pub fn backend_label(backend: Backend) -> &'static str {
+    match backend {
+        Backend::Hooks => "hooks",
+        _ => "userfaultfd",
+    }
+}
+
+/// Runs every kind on `backend` (as [`resolve`] returned it), each in a child process started as
+/// `exe CHILD_SUBCOMMAND` with `UMN_BACKEND` naming the backend.
+pub fn run_all(exe: &std::path::Path, backend: Backend) -> Vec<Row> {
     ChangeKind::ALL
         .iter()
         .map(|&kind| {
             let mut cmd = Command::new(exe);
-            cmd.arg(CHILD_SUBCOMMAND);
-            Row::new(kind, run_in_child(kind, cmd))
+            cmd.arg(CHILD_SUBCOMMAND)
+                .env(ummunotify::BACKEND_ENV, backend.name());
+            Row::new(kind, run_in_child(kind, cmd), backend)
         })
         .collect()
 }
@@ -150,8 +167,7 @@ pub fn to_table(backend: &str, rows: &[Row]) -> String {
     ));
     if !missed.is_empty() {
         out.push_str(&format!(
-            "Not seen by this backend (the kernel sends it nothing), so a registration over \
-             such memory stays valid: {}.\n",
+            "Not seen by this backend, so a registration over such memory stays valid: {}.\n",
             missed.join(", ")
         ));
     }

@@ -12,8 +12,10 @@ usage: umn <command>
 
 commands:
   doctor             which backends work here, which kernel features exist, what is missing
-  coverage [--json]  run every kind of mapping change against the notifier (each in a child
-                     process) and report per kind: detected, expected (can this backend see
+  coverage [--json] [--backend auto|uffd|hooks]
+                     run every kind of mapping change against the notifier (each in a child
+                     process, on the backend asked for: auto = userfaultfd where it starts,
+                     else hooks) and report per kind: detected, expected (can this backend see
                      it at all), stale uses, which oracle judged; exit 0 = all expected kinds
                      detected with no stale use, 1 = a miss, stale use or problem,
                      3 = some case inconclusive (could not run; not a verdict)
@@ -36,7 +38,30 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         }
-        ["coverage", rest @ ..] if rest.iter().all(|a| *a == "--json") => {
+        ["coverage", rest @ ..] => {
+            let mut json = false;
+            let mut asked = ummunotify::Backend::Auto;
+            let mut it = rest.iter();
+            while let Some(a) = it.next() {
+                match *a {
+                    "--json" => json = true,
+                    "--backend" => {
+                        match it.next().and_then(|b| ummunotify::Backend::from_name(b)) {
+                            Some(b) => asked = b,
+                            None => {
+                                eprint!(
+                                    "umn coverage: --backend needs auto, uffd or hooks\n{USAGE}"
+                                );
+                                return ExitCode::from(2);
+                            }
+                        }
+                    }
+                    _ => {
+                        eprint!("{USAGE}");
+                        return ExitCode::from(2);
+                    }
+                }
+            }
             let exe = match std::env::current_exe() {
                 Ok(e) => e,
                 Err(e) => {
@@ -44,11 +69,19 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            let rows = coverage::run_all(&exe);
-            if rest.is_empty() {
-                print!("{}", coverage::to_table("userfaultfd", &rows));
+            let backend = match coverage::resolve(asked) {
+                Ok(b) => b,
+                Err(e) => {
+                    eprintln!("umn coverage: backend {asked} can not start: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            let rows = coverage::run_all(&exe, backend);
+            let label = coverage::backend_label(backend);
+            if json {
+                println!("{}", coverage::to_json(label, &rows));
             } else {
-                println!("{}", coverage::to_json("userfaultfd", &rows));
+                print!("{}", coverage::to_table(label, &rows));
             }
             ExitCode::from(coverage::exit_status(&rows))
         }

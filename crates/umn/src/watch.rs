@@ -1,8 +1,8 @@
 //! [`NotifierWatcher`]: one region of a real [`Notifier`], driven by the testkit's catalogue.
 use std::ops::Range;
 
-use ummunotify::{Cookie, Event, Generation, Notifier, Region};
-use ummunotify_testkit::changes::Watcher;
+use ummunotify::{Backend, Cookie, Event, Generation, Notifier, Region};
+use ummunotify_testkit::changes::{ChangeKind, Watcher};
 
 /// Watches one range with a real notifier.
 #[derive(Debug)]
@@ -54,9 +54,22 @@ impl Watcher for NotifierWatcher<'_> {
             .collect()
     }
 
+    /// What the notifier's backend can see: everything userfaultfd reports, or every libc call.
+    fn expects(&self, kind: ChangeKind) -> bool {
+        expects(self.notifier.backend(), kind)
+    }
+
     fn unwatch(&mut self) {
         if self.region.take().is_some() {
             let _ = self.notifier.unregister(self.cookie);
         }
+    }
+}
+
+/// Whether `backend` is expected to see `kind` (the `expected` column of `umn coverage`).
+pub fn expects(backend: Backend, kind: ChangeKind) -> bool {
+    match backend {
+        Backend::Hooks => kind.hooks_report(),
+        _ => kind.userfaultfd_reports(),
     }
 }

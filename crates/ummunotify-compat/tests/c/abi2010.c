@@ -227,10 +227,16 @@ static void test_events(void) {
     CHECK(reg(fd, q, q + 2 * page, 20) == 0);
     seen = *counter;
     CHECK(syscall(SYS_munmap, q, page) == 0);
-    CHECK(*counter != seen && readable(fd));
-    CHECK(drain(fd, ev, MAX_EV, counter) == 1);
-    CHECK(ev[0].user_cookie_counter == 20 && ev[0].flags == UMMUNOTIFY_EVENT_FLAG_HINT);
-    CHECK(ev[0].hint_start == (uintptr_t)q && ev[0].hint_end == (uintptr_t)(q + page));
+    const char *backend = getenv("UMN_BACKEND");
+    if (backend != NULL && strcmp(backend, "hooks") == 0) {
+        /* The hooks backend can not see a raw syscall (its documented limit): nothing moves. */
+        CHECK(*counter == seen && !readable(fd));
+    } else {
+        CHECK(*counter != seen && readable(fd));
+        CHECK(drain(fd, ev, MAX_EV, counter) == 1);
+        CHECK(ev[0].user_cookie_counter == 20 && ev[0].flags == UMMUNOTIFY_EVENT_FLAG_HINT);
+        CHECK(ev[0].hint_start == (uintptr_t)q && ev[0].hint_end == (uintptr_t)(q + page));
+    }
 
     /* Unregistered regions report nothing. */
     CHECK(unreg(fd, 10) == 0 && unreg(fd, 11) == 0 && unreg(fd, 20) == 0);
@@ -747,7 +753,16 @@ static void test_storm_two_descriptors(void) {
     for (int i = 0; i < STORM_THREADS; i++)
         CHECK(pthread_join(t[i], NULL) == 0);
     __u64 each = (STORM_THREADS / 2) * STORM_ROUNDS * 2;
-    CHECK(*c0 == each && *c1 == each);
+    const char *backend = getenv("UMN_BACKEND");
+    if (backend != NULL && strcmp(backend, "hooks") == 0) {
+        /* Hooks invalidate again after the call: a region that another thread's read() re-armed
+           while the call ran is hit, and counted, a second time (never less). */
+        fprintf(stderr, "storm on hooks: %llu and %llu notifications, %llu calls each\n",
+                (unsigned long long)*c0, (unsigned long long)*c1, (unsigned long long)each);
+        CHECK(*c0 >= each && *c1 >= each);
+    } else {
+        CHECK(*c0 == each && *c1 == each);
+    }
     struct ummunotify_event ev[MAX_EV];
     CHECK_ERR(read(storm_fd[0], ev, sizeof ev), EAGAIN); /* unregistering dropped the rest */
     munmap((void *)c0, sizeof(__u64));
@@ -766,7 +781,11 @@ int main(void) {
     test_fork();
     test_threads();
     test_counter_patch_program();
-    test_counter_exact();
+    /* The exact count mirrors the kernel's per-VMA invalidations (userfaultfd sends one message
+       per VMA); the hooks backend counts one notification per libc call that hits a region. */
+    const char *backend = getenv("UMN_BACKEND");
+    if (backend == NULL || strcmp(backend, "hooks") != 0)
+        test_counter_exact();
     test_ompi_loop();
     test_one_event_per_read();
     test_raw_close();

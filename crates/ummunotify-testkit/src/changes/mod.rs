@@ -201,6 +201,21 @@ impl ChangeKind {
         )
     }
 
+    /// Whether libc hooks (the hooks backend, which patches glibc's syscall sites) see this
+    /// kind: every kind made by a libc call (`munmap`, `mremap`, `madvise`, `mmap(MAP_FIXED)`,
+    /// `sbrk`, `shmdt`, `free`), none made by a raw syscall, `process_madvise`, io_uring or a
+    /// change to the file behind a mapping (`fallocate`, `ftruncate`).
+    pub const fn hooks_report(self) -> bool {
+        !matches!(
+            self,
+            ChangeKind::SyscallMunmap
+                | ChangeKind::ProcessMadvise
+                | ChangeKind::UringMadvise
+                | ChangeKind::PunchHole
+                | ChangeKind::FtruncateShared
+        )
+    }
+
     /// Whether the case pins its range with an io_uring fixed buffer (the device oracle).
     /// False for [`ChangeKind::MadvCollapse`]: the kernel does not collapse pinned pages.
     pub const fn pins(self) -> bool {

@@ -1,0 +1,265 @@
+//! The hooks backend: libc's unmapping calls intercepted in the calling thread, for processes
+//! where userfaultfd is denied (containers' seccomp profiles) or unavailable.
+//!
+//! # Mechanism: patching glibc's syscall sites
+//! Every function of glibc that changes mappings is patched *in libc's own text*, at the
+//! `mov $NR, %eax; syscall` pair inside it ([`patch`]): the `mov` becomes a jump to a stub
+//! that calls our hook with the syscall's arguments, and the hook makes the syscall itself.
+//! Because the body is patched rather than a symbol binding, every caller reaches the hook:
+//! the program's PLT calls, glibc's *internal* calls to its hidden `__munmap`, `__mremap`,
+//! `__madvise`, `__mmap`, `__brk` (from `free`, `realloc`, `malloc_trim`, `sbrk`, thread-stack
+//! release, arena shrinking), and libraries `dlopen`ed later. Rewriting GOT entries of every
+//! loaded object (the other choice, UCX's "reloc" mode) misses all of glibc's internal calls,
+//! which is where `free()` unmaps memory (KERNEL-FACTS, "Interposition"), and needs a
+//! `dlopen` hook to catch later objects. UCX's "bistro" mode patches function entries; patching
+//! the syscall site instead means (1) the replaced bytes are always one whole 5-byte
+//! instruction, so no thread can be part-way through them while they change (at an entry, a
+//! 5-byte jump usually covers the first two or three instructions), and (2) glibc's own code
+//! still runs around the syscall: it sets `errno` and keeps `__curbrk` right for `brk`/`sbrk`.
+//!
+//! # Visibility rule (guarantee 1)
+//! A hook invalidates the registered regions on the affected pages *in the calling thread,
+//! before the syscall*, through the notifier's usual path (index lock, counter odd, `INVALID`,
+//! queue, counter even: `Shared::invalidate_in_thread`), and again *after* it for regions
+//! registered while the call ran. So once the call returns, every check sees the change, with
+//! no monitor thread and no round trip; and a registration made during the call never stays
+//! valid after it (the start/end pair userfaultfd's `REMOVE` lacks).
+//!
+//! # Free when unused (guarantee 3)
+//! A global filter ([`filter`]) holds a bit per watched page (16-bit masks in 16,384 buckets,
+//! one per 64 KiB granule, aliasing only 1 GiB apart). A call on unwatched memory costs the
+//! filter's loads and the raw syscall; it takes no lock, blocks no signal, and leaves the
+//! generation counter alone (a cache's fast path is not disturbed by unrelated unmaps).
+//!
+//! # Rules of the hook path (guarantee 4)
+//! Hooks run inside malloc and free (arena locks held), at thread exit and in signal handlers.
+//! They never allocate, never call a patched function (raw `syscall` instructions only), and
+//! take only a notifier's index lock, with every signal blocked while it is held; user threads
+//! hold that lock only for short sections that never unmap, allocate or take a signal, so the
+//! lock is never held by a thread that could be waiting in a hook (no self-deadlock from a
+//! signal handler either). A notifier leaves the sink table and waits for hooks still using it
+//! before it is freed.
+//!
+//! # Fork (guarantee 6)
+//! A `pthread_atfork` child handler empties the sink table, and the hook path also compares
+//! `getpid()` with the process that published the sinks before it takes any lock: a child never
+//! takes a lock a parent's thread held at fork time, and its own unmaps never touch the
+//! parent's (poisoned) registrations. The prepare handler waits for an install in progress and
+//! takes the filter's lock, released on both sides, so a child can start hooks notifiers of its
+//! own however the parent's threads were placed at fork.
+//!
+//! # What hooks can not see (shown as missed, never hidden)
+//! Raw `syscall(SYS_munmap, ...)`, io_uring `IORING_OP_MADVISE`, `process_madvise`, ld.so's
+//! own calls (`dlclose`), static binaries, and a call that was already past the patched
+//! instruction when the hooks went in. x86-64 with a dynamic glibc only; elsewhere the backend
+//! reports `Unsupported`.
+//!
+//! # Cost
+//! Installing is permanent. From then on every hooked libc call pays the stub, a sharded call
+//! counter and the filter's loads (tens of ns); one on watched pages also two `rt_sigprocmask`
+//! calls and the index lock twice (`umn bench`: about 1.5× an unregistered munmap).
+#![allow(unsafe_code)] // The sink table hands raw `Shared` pointers to hooks.
+
+#[cfg(target_arch = "x86_64")]
+mod calls;
+mod filter;
+#[cfg(target_arch = "x86_64")]
+mod maps;
+#[cfg(target_arch = "x86_64")]
+mod patch;
+
+use std::sync::atomic::Ordering::{Acquire, Relaxed, SeqCst};
+use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicUsize};
+use std::sync::{Arc, OnceLock};
+
+pub(crate) use filter::{maybe_watched, Watch};
+
+use crate::notifier::Shared;
+
+// ---------------------------------------------------------------------------------------------
+// The sinks: the notifiers hooks deliver to.
+
+const MAX_SINKS: usize = 64;
+static SINKS: [AtomicPtr<Shared>; MAX_SINKS] =
+    [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_SINKS];
+/// Hooks using slot `i` right now.
+static USERS: [AtomicUsize; MAX_SINKS] = [const { AtomicUsize::new(0) }; MAX_SINKS];
+/// Slots ever used (the hooks scan `0..HIGH`).
+static HIGH: AtomicUsize = AtomicUsize::new(0);
+/// The process that published the sinks (a forked child has another pid).
+static OWNER: AtomicI32 = AtomicI32::new(0);
+
+fn getpid_raw() -> i32 {
+    // SAFETY: getpid has no preconditions; libc's wrapper is not patched.
+    unsafe { libc::getpid() }
+}
+
+pub(crate) fn any_sinks() -> bool {
+    filter::any()
+}
+
+/// Invalidates `[start, end)` in every hooks notifier of this process, in the calling thread.
+/// Hook path: see the module rules.
+pub(crate) fn invalidate(start: u64, end: u64, unmap: bool, again: bool) {
+    if OWNER.load(Relaxed) != getpid_raw() {
+        return; // a forked child: its registrations are poisoned, and locks may be held
+    }
+    let high = HIGH.load(Acquire).min(MAX_SINKS);
+    for i in 0..high {
+        if SINKS[i].load(Relaxed).is_null() {
+            continue;
+        }
+        USERS[i].fetch_add(1, SeqCst);
+        let p = SINKS[i].load(SeqCst);
+        if !p.is_null() {
+            // SAFETY: a non-null slot is a live `Shared`: `Sink::drop` clears the slot and then
+            // waits until `USERS[i]` is zero before releasing it, and our increment (SeqCst)
+            // came before this load.
+            unsafe { (*p).invalidate_in_thread(start, end, unmap, again) };
+        }
+        USERS[i].fetch_sub(1, SeqCst);
+    }
+}
+
+extern "C" fn fork_prepare() {
+    // An install in progress finishes first (the child would otherwise wait forever on it).
+    while INSTALLING.load(SeqCst) {
+        std::thread::yield_now();
+    }
+    filter::fork_prepare();
+}
+
+extern "C" fn fork_parent() {
+    filter::fork_release();
+}
+
+extern "C" fn fork_child() {
+    for (s, u) in SINKS.iter().zip(&USERS) {
+        s.store(std::ptr::null_mut(), SeqCst);
+        u.store(0, SeqCst);
+    }
+    filter::fork_release();
+}
+
+/// Registers the fork handlers once: prepare waits for an install and takes the filter's lock
+/// (so the child never inherits either half done), parent and child release it, and the child
+/// also empties the sink table. All async-signal-safe: atomics only.
+pub(crate) fn guard_fork() {
+    static ATFORK: std::sync::Once = std::sync::Once::new();
+    ATFORK.call_once(|| {
+        // SAFETY: registers handlers with no preconditions that live for the whole process.
+        unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
+    });
+}
+
+/// Set while [`install_now`] runs.
+static INSTALLING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// A notifier's place in the sink table; leaving it waits for hooks still inside.
+pub(crate) struct Sink {
+    slot: usize,
+    shared: Option<Arc<Shared>>,
+}
+
+impl Sink {
+    /// Publishes `shared` to the hooks. `None` when the table is full.
+    pub(crate) fn publish(shared: Arc<Shared>) -> Option<Sink> {
+        guard_fork();
+        OWNER.store(getpid_raw(), SeqCst);
+        let ptr = Arc::as_ptr(&shared) as *mut Shared;
+        let slot = SINKS.iter().position(|s| {
+            s.compare_exchange(std::ptr::null_mut(), ptr, SeqCst, SeqCst)
+                .is_ok()
+        })?;
+        HIGH.fetch_max(slot + 1, SeqCst);
+        Some(Sink {
+            slot,
+            shared: Some(shared),
+        })
+    }
+}
+
+impl Drop for Sink {
+    fn drop(&mut self) {
+        SINKS[self.slot].store(std::ptr::null_mut(), SeqCst);
+        while USERS[self.slot].load(SeqCst) != 0 {
+            std::thread::yield_now();
+        }
+        drop(self.shared.take());
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Installing.
+
+/// What installing found: the patched sites and notes, or why it can not be done.
+pub(crate) type Installed = Result<String, String>;
+
+/// Patches libc once per process; later calls return the first result.
+pub(crate) fn install() -> &'static Installed {
+    static DONE: OnceLock<Installed> = OnceLock::new();
+    guard_fork();
+    DONE.get_or_init(|| {
+        INSTALLING.store(true, SeqCst);
+        let r = install_now();
+        INSTALLING.store(false, SeqCst);
+        r
+    })
+}
+
+#[cfg(target_arch = "x86_64")]
+fn install_now() -> Installed {
+    // SAFETY: RTLD_DEFAULT lookup of a data symbol by a NUL-terminated name.
+    let curbrk = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"__curbrk".as_ptr()) };
+    if curbrk.is_null() {
+        return Err("glibc's __curbrk not found: not glibc?".into());
+    }
+    calls::CURBRK.store(curbrk as usize, SeqCst);
+    let p = patch::install(&calls::targets())?;
+    let mut names: Vec<&str> = p.sites.iter().map(|s| s.0).collect();
+    names.dedup();
+    let mut s = format!(
+        "libc patched at {} syscall sites ({})",
+        p.sites.len(),
+        names.join(", ")
+    );
+    for n in &p.notes {
+        s.push_str("; ");
+        s.push_str(n);
+    }
+    Ok(s)
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn install_now() -> Installed {
+    Err("the hooks backend patches x86-64 machine code; this is not x86-64".into())
+}
+
+/// Calls that went through a hook so far in this process (diagnostics and tests).
+pub(crate) fn hooked_calls() -> usize {
+    #[cfg(target_arch = "x86_64")]
+    return calls::calls();
+    #[cfg(not(target_arch = "x86_64"))]
+    0
+}
+
+/// What `umn doctor` prints about the hooks backend.
+pub(crate) fn probe() -> super::BackendReport {
+    let status = match install() {
+        Ok(s) => Ok(format!("ok: {s}")),
+        Err(e) => Err(crate::Unsupported::Hooks { reason: e.clone() }),
+    };
+    super::BackendReport {
+        name: "hooks",
+        status,
+        kernel_features: Vec::new(),
+        notes: vec![
+            "sees libc's munmap, mremap, madvise, mmap(MAP_FIXED), brk/sbrk, shmdt, and glibc's \
+             internal calls (free, realloc, malloc_trim, thread exit), in the calling thread"
+                .to_string(),
+            "does not see raw syscalls, io_uring IORING_OP_MADVISE, process_madvise, ld.so's \
+             own unmaps (dlclose), static binaries"
+                .to_string(),
+        ],
+    }
+}
