@@ -137,7 +137,10 @@ fn thread_slot(tid: i32) -> Option<usize> {
         let i = (h + k) % THREADS;
         match TIDS[i].load(Relaxed) {
             t if t == tid => return Some(i),
-            0 if TIDS[i].compare_exchange(0, tid, Relaxed, Relaxed).is_ok() => return Some(i),
+            0 if TIDS[i].compare_exchange(0, tid, Relaxed, Relaxed).is_ok() => {
+                SENT[i].store(0, Release);
+                return Some(i);
+            }
             _ => {}
         }
     }
@@ -145,6 +148,8 @@ fn thread_slot(tid: i32) -> Option<usize> {
         let old = t.load(Relaxed);
         if old != 0 && !thread_alive(old) && t.compare_exchange(old, tid, Relaxed, Relaxed).is_ok()
         {
+            // A signal left pending by the thread that is gone must not hold back this one's.
+            SENT[i].store(0, Release);
             return Some(i);
         }
     }
@@ -883,6 +888,49 @@ pub(crate) fn parse_syscall(line: &[u8], tid: i32) -> Option<Candidate> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn member_sets_iterate_their_members() {
+        let mut m = Members::default();
+        for i in [0, 5, 63, 64, 200, 255] {
+            m.add(i);
+        }
+        assert_eq!(m.iter().collect::<Vec<_>>(), vec![0, 5, 63, 64, 200, 255]);
+        assert!(m.has(64) && !m.has(65));
+        let mut o = Members::default();
+        o.add(65);
+        m.union(&o);
+        assert!(m.has(65));
+    }
+
+    #[test]
+    fn an_entry_blocks_until_resolved_and_acknowledged() {
+        let mut f = InFlight::default();
+        f.record(0x1000, 0x2000);
+        assert!(f.overlaps(0x1800, 0x1900) && !f.overlaps(0x2000, 0x3000));
+        assert!(f.unresolved(0x1000, 0x2000));
+        // Unresolved entries never end by a sweep.
+        assert!(!f.sweep());
+        // A resolving scan that found nobody in the call: the sender is done.
+        let h = InFlight::horizon();
+        let _ = f.resolve(h, &[], false);
+        assert!(f.sweep());
+        assert!(f.is_empty());
+        assert_eq!(f.confirmed, 1);
+    }
+
+    #[test]
+    fn a_full_table_merges_instead_of_dropping() {
+        let mut f = InFlight::default();
+        for i in 0..ENTRIES as u64 + 3 {
+            f.record(i * 0x1000, i * 0x1000 + 0x1000);
+        }
+        assert_eq!(f.len(), ENTRIES);
+        assert_eq!(f.merged, 3);
+        // The merged entry covers every range that went into it.
+        let last = ENTRIES as u64 + 2;
+        assert!(f.overlaps(last * 0x1000, last * 0x1000 + 1));
+    }
 
     #[test]
     fn parses_proc_syscall_lines() {
