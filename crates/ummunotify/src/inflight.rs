@@ -129,6 +129,41 @@ static NEXT: AtomicU64 = AtomicU64::new(1);
 /// The signal in use (0: none).
 static SIGNO: AtomicI32 = AtomicI32::new(0);
 
+/// Monitor threads of this process, as `pid << 32 | tid` (the pid keeps a forked child from
+/// trusting its parent's entries). A monitor never changes watched memory (it would deadlock),
+/// runs with every signal blocked, and so is never a member.
+static MONITORS: [AtomicU64; 64] = [const { AtomicU64::new(0) }; 64];
+
+fn monitor_key(tid: i32) -> u64 {
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() };
+    (pid as u64) << 32 | tid as u32 as u64
+}
+
+/// Notes a monitor thread (when it starts). Without room it is simply not skipped: it then
+/// counts as a member that never acknowledges (the entry ends by grace), never as missing.
+pub(crate) fn note_monitor(tid: i32) {
+    let k = monitor_key(tid);
+    for m in &MONITORS {
+        if m.compare_exchange(0, k, Relaxed, Relaxed).is_ok() {
+            return;
+        }
+    }
+}
+
+/// Forgets a monitor thread (after it was joined: its tid may be reused).
+pub(crate) fn forget_monitor(tid: i32) {
+    let k = monitor_key(tid);
+    for m in &MONITORS {
+        let _ = m.compare_exchange(k, 0, Relaxed, Relaxed);
+    }
+}
+
+fn is_monitor(tid: i32) -> bool {
+    let k = monitor_key(tid);
+    MONITORS.iter().any(|m| m.load(Relaxed) == k)
+}
+
 /// The thread table's slot for `tid`, claiming a free one or one of a thread that is gone.
 fn thread_slot(tid: i32) -> Option<usize> {
     // Threads are usually found where they were put: start at a hash of the tid.
@@ -683,6 +718,9 @@ impl Scanner {
     /// Reads one thread's `syscall` file (kept open when there is room). A thread that is
     /// running may be a sender between its wake-up and its zap: a candidate for any range.
     fn read_thread(&mut self, dfd: i32, name: &[u8], tid: i32) -> Option<Candidate> {
+        if is_monitor(tid) {
+            return None;
+        }
         let slot = match self.open[..self.n_open].iter().position(|o| o.0 == tid) {
             Some(i) => Some(i),
             None if self.n_open < THREADS => {

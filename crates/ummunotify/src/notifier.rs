@@ -408,6 +408,7 @@ impl Shared {
     }
 
     pub(crate) fn set_monitor_tid(&self, tid: i32) {
+        crate::inflight::note_monitor(tid);
         self.monitor_tid.store(tid, SeqCst);
     }
 
@@ -1020,5 +1021,6 @@ impl Drop for Notifier {
         self.shared.stopping.store(true, SeqCst);
         sys::eventfd_signal(self.shared.stop_fd());
         let _ = monitor.join();
+        crate::inflight::forget_monitor(self.shared.monitor_tid.load(SeqCst));
     }
 }
