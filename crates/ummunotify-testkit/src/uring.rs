@@ -33,11 +33,18 @@ unsafe fn submit_one(ring: &mut IoUring, entry: &io_uring::squeue::Entry) -> io:
     // its completion below before returning.
     unsafe { ring.submission().push(entry) }
         .map_err(|_| io::Error::other("io_uring submission queue full"))?;
-    ring.submit_and_wait(1)?;
-    let cqe = ring
-        .completion()
-        .next()
-        .ok_or_else(|| io::Error::other("io_uring returned no completion"))?;
+    // A signal can end the wait early (EINTR, or a return with nothing completed): wait again,
+    // or the completion would be taken for the next operation's.
+    let cqe = loop {
+        match ring.submit_and_wait(1) {
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+        if let Some(cqe) = ring.completion().next() {
+            break cqe;
+        }
+    };
     u32::try_from(cqe.result()).map_err(|_| io::Error::from_raw_os_error(-cqe.result()))
 }
 

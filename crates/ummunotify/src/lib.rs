@@ -74,6 +74,7 @@ mod fork;
 mod generation;
 #[cfg(not(loom))]
 mod index;
+mod inflight;
 #[cfg(not(loom))]
 mod notifier;
 mod primitive;

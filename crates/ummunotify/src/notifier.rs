@@ -26,6 +26,7 @@ use crate::coverage::Coverage;
 use crate::event::{Event, Pending};
 use crate::generation::{self, Generation, DEAD, FORKED};
 use crate::index::{IntervalIndex, Node, Nodes, NIL};
+use crate::inflight::{InFlight, Scanner};
 use crate::region::{Span, INVALID};
 use crate::segvec::SegVec;
 use crate::sys::{self, CounterPage, SignalsBlocked};
@@ -75,6 +76,8 @@ struct IndexState {
     stray_overflow: u64,
     /// Whether the readiness eventfd has been signalled and not drained.
     ready: bool,
+    /// `REMOVE`s dequeued whose zap is not known to have happened (issue 9, `crate::inflight`).
+    inflight: InFlight,
 }
 
 const STRAYS: usize = 32;
@@ -86,6 +89,8 @@ struct Registry {
     free: Vec<u32>,
     next_slot: u32,
     budget: WatchBudget,
+    /// Names the senders of in-flight `REMOVE`s (`crate::inflight`).
+    scanner: Scanner,
 }
 
 /// The watch policy's VMA budget (docs/ARCHITECTURE.md, "Watch policy").
@@ -196,6 +201,13 @@ pub struct Stats {
     pub vma_budget: usize,
     /// The process's VMA count as the watch policy estimates it (an over-estimate).
     pub vma_estimate: usize,
+    /// `REMOVE`s held in flight until their zap was confirmed (the sender acknowledged or exited).
+    pub removes_confirmed: u64,
+    /// `REMOVE`s that left the in-flight state by a grace period, unconfirmed: the residual
+    /// window of `crate::inflight` (io_uring workers, other processes, signal-blocking threads).
+    pub removes_by_grace: u64,
+    /// `REMOVE`s in flight now.
+    pub removes_in_flight: usize,
 }
 
 pub(crate) struct Shared {
@@ -278,6 +290,61 @@ impl Locked<'_> {
             self.data(next).prev = prev;
         }
         self.st.queued -= 1;
+    }
+
+    /// Whether a queued region overlaps a `REMOVE` in flight with ticket <= `horizon`.
+    fn queued_in_flight(&self, horizon: u64) -> bool {
+        if self.st.inflight.is_empty() {
+            return false;
+        }
+        let mut id = self.st.head;
+        while id != NIL {
+            let d = self.data(id);
+            if let Some(span) = d.span {
+                if self
+                    .st
+                    .inflight
+                    .overlaps_upto(span.watch_start, span.watch_end, horizon)
+                {
+                    return true;
+                }
+            }
+            id = d.next;
+        }
+        false
+    }
+
+    /// Keeps region `id` invalid under a fresh serial and queues an event for its whole range
+    /// (a registration or re-arm over a `REMOVE` in flight, see `crate::inflight`). Returns the
+    /// serial, whose token reads invalid.
+    fn hold_invalid(&mut self, id: u32) -> u64 {
+        let (serial, newly) = {
+            let d = self.data(id);
+            d.serial += 1;
+            let span = d.span.expect("held slot without span");
+            (
+                d.serial,
+                d.pending.hit(span.start, span.end, span.start, span.end) && !d.queued,
+            )
+        };
+        self.slot(id).word.store((serial << 1) | INVALID, Release);
+        if newly {
+            let tail = self.st.tail;
+            {
+                let d = self.data(id);
+                d.prev = tail;
+                d.next = NIL;
+                d.queued = true;
+            }
+            if tail == NIL {
+                self.st.head = id;
+            } else {
+                self.data(tail).next = id;
+            }
+            self.st.tail = id;
+            self.st.queued += 1;
+        }
+        serial
     }
 
     /// Event path: marks every region overlapping `[start, end)` invalid and queues it once.
@@ -402,6 +469,15 @@ impl Shared {
         self.signal_ready(&mut l);
     }
 
+    /// Monitor, right after reading a `REMOVE` and before applying it: the range is in flight
+    /// until its sender is known to have zapped (`crate::inflight`). Event path: no allocation,
+    /// no syscall but the vDSO clock, the index lock only.
+    pub(crate) fn record_remove(&self, start: u64, end: u64) {
+        let mut l = self.lock_index();
+        l.st.inflight.sweep();
+        l.st.inflight.record(start, end);
+    }
+
     /// Monitor step 6 (the notification count settled first).
     pub(crate) fn end_message(&self) {
         let hit = self.message_hit.swap(false, Relaxed);
@@ -435,6 +511,7 @@ impl Shared {
     }
 
     pub(crate) fn set_monitor_tid(&self, tid: i32) {
+        crate::inflight::note_monitor(tid);
         self.monitor_tid.store(tid, SeqCst);
     }
 
@@ -496,6 +573,61 @@ impl Shared {
         UserLocked {
             locked: self.lock_index(),
             _signals: signals,
+        }
+    }
+
+    /// Waits until no `REMOVE` in flight overlaps `span` (user threads; registry lock held). The
+    /// wait is bounded by the table's grace periods; a registration still overlapping one then
+    /// is born invalid with an event (see `register`).
+    fn wait_inflight(&self, reg: &mut Registry, span: &Span) {
+        let (s, e) = (span.watch_start, span.watch_end);
+        self.wait_inflight_until(reg, |l, h| !l.st.inflight.overlaps_upto(s, e, h), (s, e));
+    }
+
+    /// Waits (bounded) until `done(locked, horizon)` holds under the index lock, naming the
+    /// senders of the unresolved in-flight entries overlapping `range` and signalling them on the
+    /// way. `horizon` is the ticket counter at the start: entries recorded later need not be
+    /// waited for (they invalidated what they hit; what they overlap at insertion is born
+    /// invalid), so a stream of new `REMOVE`s can not starve the caller.
+    fn wait_inflight_until(
+        &self,
+        reg: &mut Registry,
+        done: impl Fn(&Locked<'_>, u64) -> bool,
+        range: (u64, u64),
+    ) {
+        let start = InFlight::horizon();
+        let limit = crate::inflight::now_ns()
+            + (crate::inflight::STUCK_GRACE.as_nanos() as u64).saturating_mul(2);
+        let mut round = 0;
+        loop {
+            let unresolved = {
+                let mut l = self.lock_index_blocked();
+                if l.st.inflight.is_empty() {
+                    return;
+                }
+                l.st.inflight.sweep();
+                if done(&l, start) {
+                    return;
+                }
+                l.st.inflight.unresolved(range.0, range.1)
+            };
+            if unresolved {
+                // Scan after reading the horizon: every entry up to it was read before the scan
+                // began, so its sender is still in its call (named) or done with it.
+                let horizon = InFlight::horizon();
+                reg.scanner.scan(sys::gettid());
+                let outbox = {
+                    let mut l = self.lock_index_blocked();
+                    let (c, overflowed) = reg.scanner.candidates();
+                    l.st.inflight.resolve(horizon, c, overflowed)
+                };
+                outbox.send();
+                continue;
+            }
+            if crate::inflight::now_ns() > limit {
+                return;
+            }
+            crate::primitive::backoff(&mut round);
         }
     }
 
@@ -627,6 +759,7 @@ impl Notifier {
                 stray_len: 0,
                 stray_overflow: 0,
                 ready: false,
+                inflight: InFlight::default(),
             }),
             registry: Mutex::new(Registry {
                 cookies: HashMap::new(),
@@ -641,6 +774,7 @@ impl Notifier {
                     },
                     Watcher::Uffd(_) => WatchBudget::new(),
                 },
+                scanner: Scanner::new(),
             }),
             uffd,
             strays_pending: AtomicBool::new(false),
@@ -663,6 +797,8 @@ impl Notifier {
             })?;
             (None, Some(sink))
         } else {
+            // REMOVE in flight: the signal that tells a remover is back in user space.
+            crate::inflight::install();
             let m = uffd::monitor::spawn(shared.clone()).map_err(os("spawn monitor thread"))?;
             (Some(m), None)
         };
@@ -729,6 +865,8 @@ impl Notifier {
         while sh.slots.capacity() <= id as usize {
             sh.slots.grow();
         }
+        // Frames a dequeued REMOVE is about to drop must not be pinned through this region.
+        sh.wait_inflight(&mut reg, &span);
         // The pages that went from 0 to 1 are not needed: the whole range is watched below (see
         // there why), and a rollback's `remove` returns exactly what this added.
         reg.coverage.add(span.watch_start, span.watch_end);
@@ -748,6 +886,12 @@ impl Notifier {
             slot.word.store(expected, Release);
             let Locked { st, slots } = &mut l.locked;
             st.tree.insert(&mut SlotNodes(slots), id);
+            // A REMOVE dequeued since the wait above: its zap may still come after a pin.
+            l.st.inflight.sweep();
+            if l.st.inflight.overlaps(span.watch_start, span.watch_end) {
+                l.hold_invalid(id);
+                sh.signal_ready(&mut l);
+            }
             Region { slot: id, expected }
         };
         // Watch the whole page range, even parts already covered: a watch lost with an unmap may
@@ -924,15 +1068,20 @@ impl Notifier {
         sh.alive()?;
         let mut reg = sh.lock_registry();
         sh.settle(&mut reg)?;
+        // Regions whose REMOVE is still in flight are re-armed only after its zap: wait for
+        // that (bounded) rather than hand out their event again and again.
+        sh.wait_inflight_until(&mut reg, |l, h| !l.queued_in_flight(h), (0, u64::MAX));
         let mut recover: Vec<(u32, u64, Span)> = Vec::with_capacity(buf.len().min(4096));
+        let mut held: Vec<u32> = Vec::with_capacity(buf.len().min(4096));
         let mut n = 0;
         let drained = loop {
             if generation::wait_idle(sh.counter()).is_err() {
                 return sh.alive().map(|_| unreachable!("dead counter"));
             }
             let mut l = sh.lock_index_blocked();
+            l.st.inflight.sweep();
             while n < buf.len() && l.st.head != NIL {
-                if recover.len() == recover.capacity() {
+                if recover.len() == recover.capacity() || held.len() == held.capacity() {
                     break; // re-cover these before taking more (no allocation under the lock)
                 }
                 let id = l.st.head;
@@ -947,13 +1096,21 @@ impl Notifier {
                     hint,
                 };
                 n += 1;
-                if d.coverage_lost {
+                if l.st.inflight.overlaps(span.watch_start, span.watch_end) {
+                    held.push(id); // re-armed below, once its REMOVE is known to be done
+                } else if d.coverage_lost {
                     recover.push((id, d.serial, span));
                 } else {
                     d.serial += 1;
                     let w = d.serial << 1;
                     l.slot(id).word.store(w, Release);
                 }
+            }
+            // Regions over a REMOVE in flight stay invalid and get their event again: the user
+            // re-arms them on a later read, after the zap.
+            for id in held.drain(..) {
+                l.hold_invalid(id);
+                sh.signal_ready(&mut l);
             }
             if l.st.head != NIL {
                 break None;
@@ -1008,9 +1165,16 @@ impl Notifier {
         if sh.watch(&rewatch).is_err() {
             return;
         }
-        let l = sh.lock_index_blocked();
+        let mut l = sh.lock_index_blocked();
+        l.st.inflight.sweep();
         let d = l.data(id);
         if d.serial == serial && d.span.is_some() && !d.pending.is_pending() {
+            if l.st.inflight.overlaps(span.watch_start, span.watch_end) {
+                l.hold_invalid(id);
+                sh.signal_ready(&mut l);
+                return;
+            }
+            let d = l.data(id);
             d.coverage_lost = false;
             d.serial += 1;
             let w = d.serial << 1;
@@ -1046,9 +1210,12 @@ impl Notifier {
                 reg.budget.estimate(segments),
             )
         };
-        let (pending, stray_overflows) = {
-            let l = sh.lock_index_blocked();
-            (l.st.queued, l.st.stray_overflow)
+        let (pending, stray_overflows, inflight) = {
+            let mut l = sh.lock_index_blocked();
+            l.st.inflight.sweep();
+            let f = &l.st.inflight;
+            let inflight = (f.confirmed, f.by_grace, f.len());
+            (l.st.queued, l.st.stray_overflow, inflight)
         };
         Stats {
             regions,
@@ -1062,6 +1229,9 @@ impl Notifier {
             wide_regions,
             vma_budget,
             vma_estimate,
+            removes_confirmed: inflight.0,
+            removes_by_grace: inflight.1,
+            removes_in_flight: inflight.2,
         }
     }
 
@@ -1119,6 +1289,7 @@ impl Drop for Notifier {
         self.shared.stopping.store(true, SeqCst);
         sys::eventfd_signal(self.shared.stop_fd());
         let _ = monitor.join();
+        crate::inflight::forget_monitor(self.shared.monitor_tid.load(SeqCst));
     }
 }
 

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use super::{decode, sys};
+use crate::backend::Invalidation;
 use crate::notifier::Shared;
 use crate::sys::{gettid, poll_readable, SignalsBlocked};
 
@@ -82,6 +83,10 @@ fn run(shared: &Shared) {
             match sys::read_one(shared.uffd_fd(), &mut msg) {
                 Ok(Some(())) => {
                     let inv = decode(&msg);
+                    // A REMOVE's zap comes after this read: in flight until its sender is back.
+                    if let Invalidation::Remove { start, end } = inv {
+                        shared.record_remove(start, end);
+                    }
                     if catch_unwind(AssertUnwindSafe(|| shared.apply(inv))).is_err() {
                         shared.kill();
                         dead = true;

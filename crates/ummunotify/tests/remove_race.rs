@@ -1,0 +1,377 @@
+//! Issue 9: a registration made while a `REMOVE`-producing call is in flight must never be used
+//! as valid after that call returned.
+//!
+//! The kernel queues a userfaultfd `REMOVE` *before* it drops the pages; the calling thread
+//! sleeps until the monitor dequeues the message, then zaps. A pin taken between the dequeue and
+//! the zap holds the old frames. This stress makes that window busy on three paths at once:
+//!
+//! * **register**: a thread registers a buffer with the notifier, pins it (io_uring fixed buffer),
+//!   checks the token, uses it, and unregisters — again and again, racing the changes;
+//! * **re-arm**: a thread keeps every buffer registered and pinned, reads events as fast as it
+//!   can and re-pins each buffer the moment its event was read (the MPI pattern);
+//! * **cache**: a thread gets and puts buffers through the registration cache.
+//!
+//! A changer thread drops one buffer's pages after another with the kind under test (glibc and
+//! raw syscall alternately) and writes a fresh stamp into them. The oracle is what the device
+//! reads: `WRITE_FIXED` from the pinned frames must carry the stamp that is mapped. Only uses that
+//! no change overlapped are judged (the per-buffer seqlock of `testkit::remove_race`).
+//!
+//! Duration per kind: `UMN_REMOVE_RACE_SECS` (default 1 s; CI runs 60 s per kind).
+//! `UMN_REMOVE_RACE_EXPECT_STALE=1` turns the test into the "before" measurement: it reports the
+//! stale uses and fails only if it found none (used to show the test finds the bug).
+mod common;
+
+use std::fs::File;
+use std::os::fd::{AsFd, FromRawFd};
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use ummunotify::cache::{Cache, Config};
+use ummunotify::registrar::{IoUringRegistrar, Registrar};
+use ummunotify::{Cookie, Event, Notifier};
+use ummunotify_testkit::remove_race::{
+    read_stamp, stamp, stress_secs, write_stamp, Buffers, Change, RemoveKind, Remover,
+};
+use ummunotify_testkit::require::{missing_feature, skip_or_fail};
+
+const BUFFERS: usize = 8;
+const PAGES: usize = 4;
+/// Uses of one registration on the register path before it is dropped.
+const USES: usize = 16;
+
+/// One test at a time: the stress needs the machine's CPUs to itself.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+#[derive(Default, Debug)]
+struct Tally {
+    /// Registrations (register path), re-pins (re-arm path), gets (cache path).
+    attempts: AtomicU64,
+    /// Uses whose check said valid and that no change overlapped: the judged ones.
+    judged: AtomicU64,
+    /// Checks that said invalid (conservative or correct) with no change overlapping.
+    invalid: AtomicU64,
+    /// Judged uses whose device bytes were not the mapped bytes.
+    stale: AtomicU64,
+    /// Calls refused (busy memory, unstable cache miss): not judged.
+    refused: AtomicU64,
+}
+
+impl Tally {
+    fn line(&self, kind: RemoveKind, path: &str, secs: f64) -> String {
+        format!(
+            "remove_race kind={} path={path} secs={secs} attempts={} judged={} invalid={} refused={} stale={}",
+            kind.name(),
+            self.attempts.load(Relaxed),
+            self.judged.load(Relaxed),
+            self.invalid.load(Relaxed),
+            self.refused.load(Relaxed),
+            self.stale.load(Relaxed),
+        )
+    }
+}
+
+/// The "device" side: a memfd that `WRITE_FIXED` writes into.
+struct Device(File);
+
+impl Device {
+    fn new() -> Device {
+        // SAFETY: a NUL-terminated name; the fd is fresh.
+        let fd = unsafe { libc::memfd_create(c"umn-remove-race-out".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
+        // SAFETY: memfd_create returned a descriptor owned by nobody else.
+        Device(unsafe { File::from_raw_fd(fd) })
+    }
+
+    /// What the device reads from the pinned frame of `key` at `addr` (8 bytes).
+    fn read_through(
+        &self,
+        r: &IoUringRegistrar,
+        key: &ummunotify::registrar::FixedBuf,
+        addr: usize,
+        slot: u64,
+    ) -> u64 {
+        let off = slot * 8;
+        r.write_fixed(key, addr, 8, self.0.as_fd(), off)
+            .expect("WRITE_FIXED");
+        let mut b = [0u8; 8];
+        self.0.read_exact_at(&mut b, off).expect("read back");
+        u64::from_ne_bytes(b)
+    }
+}
+
+/// Judges one use: `before` was read before the check; `device` is what the pinned frame held and
+/// `mapped` what the page holds (both read after the check).
+fn judge(t: &Tally, ch: &Change, before: u64, valid: bool, device: u64, mapped: u64) {
+    if !ch.judged(before) {
+        return;
+    }
+    if !valid {
+        t.invalid.fetch_add(1, Relaxed);
+        return;
+    }
+    t.judged.fetch_add(1, Relaxed);
+    if device != mapped {
+        t.stale.fetch_add(1, Relaxed);
+    }
+}
+
+fn registrar(test: &str) -> Option<IoUringRegistrar> {
+    match IoUringRegistrar::new(64) {
+        Ok(r) => Some(r),
+        Err(e) => {
+            skip_or_fail(test, &format!("io_uring sparse fixed buffers ({e})"));
+            None
+        }
+    }
+}
+
+struct Set {
+    bufs: Buffers,
+    changes: Vec<Change>,
+}
+
+impl Set {
+    fn new(shmem: bool) -> Set {
+        let len = PAGES * common::page();
+        Set {
+            bufs: Buffers::new(BUFFERS, len, shmem).expect("map buffers"),
+            changes: (0..BUFFERS).map(|_| Change::default()).collect(),
+        }
+    }
+    fn range(&self, i: usize) -> std::ops::Range<usize> {
+        let a = self.bufs.addr(i);
+        a..a + self.bufs.len()
+    }
+}
+
+/// Runs one kind for `secs`; returns the three tallies (register, re-arm, cache).
+fn stress(kind: RemoveKind, secs: f64) -> Option<[Tally; 3]> {
+    let test = format!("remove_race::{}", kind.name());
+    let mut remover = match Remover::new(kind) {
+        Ok(r) => r,
+        Err(e) => {
+            let what = missing_feature(&e).map_or(e.to_string(), |m| m.feature().to_string());
+            skip_or_fail(&test, &what);
+            return None;
+        }
+    };
+    let (ra, rb, rc) = (registrar(&test)?, registrar(&test)?, registrar(&test)?);
+    let sets = [
+        Set::new(kind.needs_shmem()),
+        Set::new(kind.needs_shmem()),
+        Set::new(kind.needs_shmem()),
+    ];
+    let page = common::page();
+    // Probe the kind once on an unwatched buffer, so a refusal is a loud skip, not a panic.
+    // SAFETY: our own buffer; its contents are rewritten by the changer anyway.
+    if let Err(e) = unsafe { remover.remove(sets[0].bufs.addr(0), page) } {
+        let what = missing_feature(&e).map_or(e.to_string(), |m| m.feature().to_string());
+        skip_or_fail(&test, &what);
+        return None;
+    }
+    let na = Notifier::new().expect("notifier (register path)");
+    let nb = Notifier::new().expect("notifier (re-arm path)");
+    let cache = Cache::new(rc, Config::default()).expect("cache");
+    let device = Device::new();
+    let tallies: [Tally; 3] = Default::default();
+    let stop = AtomicBool::new(false);
+    let changes = AtomicU64::new(0);
+    let deadline = Instant::now() + Duration::from_secs_f64(secs);
+    std::thread::scope(|s| {
+        // The changer: one buffer after another, across the three sets.
+        s.spawn(|| {
+            let mut n = 0u64;
+            while Instant::now() < deadline {
+                let set = &sets[(n % 3) as usize];
+                let i = ((n / 3) % BUFFERS as u64) as usize;
+                let r = set.range(i);
+                set.changes[i].begin();
+                // SAFETY: the buffer is ours; its old contents are meant to go.
+                unsafe { remover.remove(r.start, r.len()) }.expect("remove");
+                // SAFETY: as above; writable, no Rust reference into it.
+                unsafe { write_stamp(r.start, r.len(), page, stamp(i, n)) };
+                set.changes[i].end();
+                n += 1;
+                for _ in 0..2000 {
+                    std::hint::spin_loop();
+                }
+            }
+            changes.store(n, Relaxed);
+            stop.store(true, Relaxed);
+        });
+        // Register path.
+        s.spawn(|| {
+            let (set, t) = (&sets[0], &tallies[0]);
+            let mut n = 0u64;
+            while !stop.load(Relaxed) {
+                let i = (n % BUFFERS as u64) as usize;
+                n += 1;
+                let r = set.range(i);
+                t.attempts.fetch_add(1, Relaxed);
+                let Ok(region) = na.register(r.clone(), Cookie(i as u64)) else {
+                    t.refused.fetch_add(1, Relaxed);
+                    continue;
+                };
+                let key = ra.register(r.clone()).expect("pin");
+                // Use the registration until it reads invalid (at most USES times).
+                for _ in 0..USES {
+                    let before = set.changes[i].read();
+                    let valid = na.is_valid(region);
+                    let device_bytes = device.read_through(&ra, &key, r.start, i as u64);
+                    // SAFETY: our mapped buffer.
+                    let mapped = unsafe { read_stamp(r.start) };
+                    judge(t, &set.changes[i], before, valid, device_bytes, mapped);
+                    if !valid {
+                        break;
+                    }
+                }
+                ra.deregister(&key, r.clone()).expect("unpin");
+                na.unregister(Cookie(i as u64)).expect("unregister");
+            }
+        });
+        // Re-arm path.
+        s.spawn(|| {
+            let (set, t) = (&sets[1], &tallies[1]);
+            let mut keys = Vec::new();
+            let mut tokens = Vec::new();
+            for i in 0..BUFFERS {
+                tokens.push(
+                    nb.register(set.range(i), Cookie(i as u64))
+                        .expect("register"),
+                );
+                keys.push(rb.register(set.range(i)).expect("pin"));
+            }
+            let mut evs = [Event::default(); 16];
+            while !stop.load(Relaxed) {
+                let got = nb.read_events(&mut evs).expect("read events");
+                for e in &evs[..got.count] {
+                    let i = e.cookie.0 as usize;
+                    // Re-arm at once: a fresh token and a fresh pin.
+                    tokens[i] = nb.region(e.cookie).expect("region");
+                    rb.deregister(&keys[i], set.range(i)).expect("unpin");
+                    keys[i] = rb.register(set.range(i)).expect("pin");
+                    t.attempts.fetch_add(1, Relaxed);
+                }
+                for i in 0..BUFFERS {
+                    let r = set.range(i);
+                    let before = set.changes[i].read();
+                    let valid = nb.is_valid(tokens[i]);
+                    let device_bytes = device.read_through(&rb, &keys[i], r.start, 64 + i as u64);
+                    // SAFETY: our mapped buffer.
+                    let mapped = unsafe { read_stamp(r.start) };
+                    judge(t, &set.changes[i], before, valid, device_bytes, mapped);
+                }
+            }
+            for (i, k) in keys.iter().enumerate() {
+                rb.deregister(k, set.range(i)).expect("unpin");
+            }
+        });
+        // Cache path.
+        s.spawn(|| {
+            let (set, t) = (&sets[2], &tallies[2]);
+            let mut n = 0u64;
+            while !stop.load(Relaxed) {
+                let i = (n % BUFFERS as u64) as usize;
+                n += 1;
+                let r = set.range(i);
+                t.attempts.fetch_add(1, Relaxed);
+                let before = set.changes[i].read();
+                let h = match cache.get(r.start, r.len()) {
+                    Ok(h) => h,
+                    Err(_) => {
+                        t.refused.fetch_add(1, Relaxed);
+                        continue;
+                    }
+                };
+                let device_bytes =
+                    device.read_through(cache.registrar(), h.key(), r.start, 128 + i as u64);
+                // SAFETY: our mapped buffer.
+                let mapped = unsafe { read_stamp(r.start) };
+                drop(h);
+                judge(t, &set.changes[i], before, true, device_bytes, mapped);
+            }
+        });
+    });
+    let paths = ["register", "rearm", "cache"];
+    for (t, p) in tallies.iter().zip(paths) {
+        eprintln!(
+            "{} changes={}",
+            t.line(kind, p, secs),
+            changes.load(Relaxed)
+        );
+    }
+    for (name, st) in [
+        ("register", na.stats()),
+        ("rearm", nb.stats()),
+        ("cache", cache.notifier().stats()),
+    ] {
+        eprintln!(
+            "remove_race kind={} path={name} removes_confirmed={} removes_by_grace={} in_flight={}",
+            kind.name(),
+            st.removes_confirmed,
+            st.removes_by_grace,
+            st.removes_in_flight
+        );
+    }
+    drop(cache);
+    drop(na);
+    drop(nb);
+    Some(tallies)
+}
+
+fn run(kind: RemoveKind) {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(tallies) = stress(kind, stress_secs()) else {
+        return;
+    };
+    let stale: u64 = tallies.iter().map(|t| t.stale.load(Relaxed)).sum();
+    if std::env::var_os("UMN_REMOVE_RACE_EXPECT_STALE").is_some_and(|v| v == "1") {
+        assert!(stale > 0, "{}: the race did not reproduce", kind.name());
+        return;
+    }
+    for (t, p) in tallies.iter().zip(["register", "rearm", "cache"]) {
+        assert!(
+            t.judged.load(Relaxed) > 0,
+            "{} {p}: no use was judged, the test could not have failed",
+            kind.name()
+        );
+    }
+    assert_eq!(
+        stale,
+        0,
+        "{}: stale uses after the call returned",
+        kind.name()
+    );
+}
+
+#[test]
+fn madv_dontneed() {
+    run(RemoveKind::Dontneed);
+}
+
+#[test]
+fn madv_free() {
+    run(RemoveKind::Free);
+}
+
+#[test]
+fn madv_dontneed_locked() {
+    run(RemoveKind::DontneedLocked);
+}
+
+#[test]
+fn madv_remove_shmem() {
+    run(RemoveKind::RemoveShmem);
+}
+
+#[test]
+fn process_madvise() {
+    run(RemoveKind::ProcessMadvise);
+}
+
+#[test]
+fn io_uring_madvise() {
+    run(RemoveKind::UringMadvise);
+}
