@@ -7,7 +7,7 @@
 # never printed its last line. Run as root from anywhere: `bash kernel/ci.sh`.
 #
 # Environment: UMN_KERNEL_CACHE (kernel build cache, default /var/cache/ummunotify-kernel),
-# UMN_STRESS_SECS (REMOVE stress seconds per implementation, default 5), UMN_BENCH=0 to skip
+# UMN_STRESS_SECS (REMOVE stress seconds per implementation, default 10), UMN_BENCH=0 to skip
 # the benchmark, UMN_GUEST_TIMEOUT (seconds, default 900).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -85,7 +85,7 @@ say "booting the guest (timeout ${timeout_s}s, log $log)"
 set +e
 timeout -k 10 "$timeout_s" qemu-system-x86_64 -accel tcg -smp 2 -m 1024 -nographic -no-reboot \
     -kernel "$kdir/arch/x86/boot/bzImage" -initrd "$out/initrd.gz" \
-    -append "console=ttyS0 rdinit=/init panic=-1 quiet umn.stress=${UMN_STRESS_SECS:-5} umn.bench=${UMN_BENCH:-1}" \
+    -append "console=ttyS0 rdinit=/init panic=-1 quiet umn.stress=${UMN_STRESS_SECS:-10} umn.bench=${UMN_BENCH:-1}" \
     </dev/null >"$log" 2>&1
 qemu_rc=$?
 set -e

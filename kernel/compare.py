@@ -148,7 +148,9 @@ def print_bench(lines):
         rows.setdefault(op, {})[impl] = kv
     print("\nbenchmark (emulated guest, QEMU TCG; TSC ticks, compare ratios only)")
     impls = sorted({i for r in rows.values() for i in r})
-    print(f"{'operation':<34}" + "".join(f"{i + ' tsc':>14}{i + ' ×base':>16}" for i in impls))
+    both = "module" in impls and "preload" in impls
+    print(f"{'operation':<34}" + "".join(f"{i + ' tsc':>14}{i + ' ×base':>16}" for i in impls)
+          + (f"{'preload/module':>16}" if both else ""))
     for op, r in rows.items():
         cells = ""
         for i in impls:
@@ -160,6 +162,10 @@ def print_bench(lines):
             if float(kv.get("base_ns", 0)) > 0:
                 ratio = f"{float(kv['ns']) / float(kv['base_ns']):.2f}"
             cells += f"{kv['ns']:>14}{ratio:>16}"
+        if both:
+            m, p = r.get("module", {}), r.get("preload", {})
+            if "ns" in m and "ns" in p and float(m["ns"]) > 0:
+                cells += f"{float(p['ns']) / float(m['ns']):>16.2f}"
         print(f"{op:<34}{cells}")
 
 
