@@ -19,7 +19,7 @@ say() { printf 'kernel/ci.sh: %s\n' "$*" >&2; }
 # 1. What the build and the VM need (Debian's packages; qemu-system must come from them).
 need=()
 for pkg in linux-source-6.1 qemu-system-x86 bc flex bison libelf-dev libssl-dev cpio xz-utils \
-    busybox-static gcc make; do
+    busybox-static gcc make python3; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then
@@ -47,7 +47,9 @@ gcc "${cflags[@]}" -I crates/ummunotify-compat/tests/c -I kernel/guest \
     kernel/guest/abi2010-suite.c -o "$out/abi2010-suite"
 gcc "${cflags[@]}" -I kernel/module -I kernel/guest kernel/guest/exact2010.c -o "$out/exact2010"
 gcc "${cflags[@]}" -I kernel/module kernel/guest/remove_stress.c -o "$out/remove_stress"
-progs=("$out/abi2010-suite" "$out/exact2010" "$out/remove_stress")
+gcc "${cflags[@]}" -I include -I kernel/guest kernel/guest/capi_smoke.c -o "$out/capi_smoke" \
+    -L "$rel" -lummunotify -Wl,-rpath,/lib
+progs=("$out/abi2010-suite" "$out/exact2010" "$out/remove_stress" "$out/capi_smoke")
 if [ -f kernel/guest/bench.c ]; then
     gcc "${cflags[@]}" -I kernel/module kernel/guest/bench.c -o "$out/bench"
     progs+=("$out/bench")

@@ -2,6 +2,7 @@
 """The verdict on a guest run (kernel/ci.sh): one suite, two implementations.
 
 Reads the guest's serial log and kernel/expected-divergences.txt. Fails (exit 1) when
+- the C library's smoke test (capi_smoke) fails;
 - the guest never printed UMN-GUEST-DONE (it crashed, hung or was cut short), or the module
   could not be loaded, or the guest kernel logged a BUG/WARNING/Oops;
 - a test has no result for one implementation, or a program exited without its results;
@@ -86,7 +87,14 @@ def main():
     if not module_loaded:
         problems.append("the module was not loaded in the guest")
     problems += [f"guest kernel: {line}" for line in dmesg_bad]
-    tests = sorted({t for (_, t) in results})
+    # The C library's own smoke test runs once (userfaultfd underneath): it must pass.
+    capi = {t: r for (i, t), r in results.items() if i == "capi"}
+    if ("capi", "capi_smoke") not in exits or not capi:
+        problems.append("capi: capi_smoke never finished or reported no result")
+    problems += [f"{t} (C library): {r}" for t, r in sorted(capi.items()) if r != "PASS"]
+    for t, r in sorted(capi.items()):
+        print(f"C library in the guest: {t} {r}")
+    tests = sorted({t for (i, t) in results if i != "capi"})
     for impl in ("preload", "module"):
         for prog, prefix in PROGRAMS:
             if (impl, prog) not in exits:
