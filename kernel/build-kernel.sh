@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Builds the guest kernel from Debian's linux-source-6.1: `make tinyconfig` plus kernel.config.
+# The build lives outside the repository, in $UMN_KERNEL_CACHE (default
+# /var/cache/ummunotify-kernel), keyed by the source package version, kernel.config and the recipe version below,
+# so a later run on the same machine reuses it (a build that did not finish has no .done and is
+# redone). Prints the build directory on its last line.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+cache=${UMN_KERNEL_CACHE:-/var/cache/ummunotify-kernel}
+tarball=/usr/src/linux-source-6.1.tar.xz
+[ -f "$tarball" ] || { echo "build-kernel: $tarball missing (apt-get install linux-source-6.1)" >&2; exit 1; }
+version=$(dpkg-query -W -f='${Version}' linux-source-6.1)
+# Bump recipe when a change to the steps below must invalidate cached builds.
+recipe=2
+key=$( (cat "$here/kernel.config"; echo "recipe=$recipe") | sha256sum | cut -c1-16)
+dir="$cache/linux-$version-$key"
+if [ -f "$dir/.done" ] && [ -f "$dir/arch/x86/boot/bzImage" ]; then
+    echo "build-kernel: cached $dir" >&2
+    echo "$dir"
+    exit 0
+fi
+mkdir -p "$cache"
+rm -rf "$dir"
+mkdir -p "$dir"
+echo "build-kernel: extracting $tarball ($version)" >&2
+tar -xJf "$tarball" -C "$dir" --strip-components=1
+cd "$dir"
+make -s tinyconfig >&2
+# Merge the fragment: kconfig's own merge script, then resolve dependencies.
+scripts/kconfig/merge_config.sh -m .config "$here/kernel.config" >&2
+make -s olddefconfig >&2
+missing=0
+while IFS= read -r line; do
+    case "$line" in CONFIG_*=y) grep -qx "$line" .config || { echo "build-kernel: $line did not stick" >&2; missing=1; } ;; esac
+done < "$here/kernel.config"
+for want in CONFIG_MMU_NOTIFIER=y CONFIG_INTERVAL_TREE=y; do
+    grep -qx "$want" .config || { echo "build-kernel: $want not selected" >&2; missing=1; }
+done
+[ "$missing" = 0 ] || exit 1
+echo "build-kernel: make -j$(nproc) bzImage modules_prepare" >&2
+make -s -j"$(nproc)" bzImage >&2
+make -s -j"$(nproc)" modules_prepare >&2
+# External modules link against Module.symvers; with every option built in it is vmlinux's.
+cp vmlinux.symvers Module.symvers
+touch "$dir/.done"
+echo "$dir"

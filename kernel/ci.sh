@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Builds the guest kernel (cached outside the repository), the ummunotify module, the 2010 C
+# test programs, the preload and the C library; packs them into an initramfs; boots it under
+# QEMU (TCG) and checks what the guest printed: every test must pass against the module, the
+# preload must give the same results except for the divergences listed (and still present) in
+# kernel/expected-divergences.txt. Fails on any failure in the guest, a timeout, or a guest that
+# never printed its last line. Run as root from anywhere: `bash kernel/ci.sh`.
+#
+# Environment: UMN_KERNEL_CACHE (kernel build cache, default /var/cache/ummunotify-kernel),
+# UMN_STRESS_SECS (REMOVE stress seconds per implementation, default 10), UMN_BENCH=0 to skip
+# the benchmark, UMN_GUEST_TIMEOUT (seconds, default 900).
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+cd "$repo"
+out="$repo/target/kernel-guest"
+mkdir -p "$out"
+say() { printf 'kernel/ci.sh: %s\n' "$*" >&2; }
+
+# 1. What the build and the VM need (Debian's packages; qemu-system must come from them).
+need=()
+for pkg in linux-source-6.1 qemu-system-x86 bc flex bison libelf-dev libssl-dev cpio xz-utils \
+    busybox-static gcc make python3; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || need+=("$pkg")
+done
+if [ ${#need[@]} -gt 0 ]; then
+    say "installing ${need[*]}"
+    # .ci/run may have updated the package lists already: update only if the install fails.
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -qq --no-install-recommends "${need[@]}" ||
+        { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${need[@]}"; }
+fi
+
+# 2. The kernel (cached) and the module, built against it.
+kdir=$(bash "$repo/kernel/build-kernel.sh" | tail -n 1)
+say "kernel: $kdir"
+rm -rf "$out/module"
+cp -r "$repo/kernel/module" "$out/module"
+make -s -C "$kdir" M="$out/module" modules >&2
+ko="$out/module/ummunotify.ko"
+[ -f "$ko" ] || { say "module build produced no $ko"; exit 1; }
+
+# 3. The preload and the C library (cargo), and the C programs.
+cargo build -q --release -p ummunotify-compat -p ummunotify-capi
+rel="$repo/target/release"
+cflags=(-std=gnu11 -Wall -Wextra -Werror -O2 -g -pthread)
+gcc "${cflags[@]}" -I crates/ummunotify-compat/tests/c -I kernel/guest \
+    kernel/guest/abi2010-suite.c -o "$out/abi2010-suite"
+gcc "${cflags[@]}" -I kernel/module -I kernel/guest kernel/guest/exact2010.c -o "$out/exact2010"
+gcc "${cflags[@]}" -I kernel/module kernel/guest/remove_stress.c -o "$out/remove_stress"
+gcc "${cflags[@]}" -I include -I kernel/guest kernel/guest/capi_smoke.c -o "$out/capi_smoke" \
+    -L "$rel" -lummunotify -Wl,-rpath,/lib
+progs=("$out/abi2010-suite" "$out/exact2010" "$out/remove_stress" "$out/capi_smoke")
+if [ -f kernel/guest/bench.c ]; then
+    gcc "${cflags[@]}" -I kernel/module kernel/guest/bench.c -o "$out/bench"
+    progs+=("$out/bench")
+fi
+
+# 4. The initramfs: busybox, the programs, the libraries and the glibc objects they load.
+root="$out/initramfs"
+rm -rf "$root"
+mkdir -p "$root"/{bin,lib,lib64,proc,sys,dev,tmp}
+cp /bin/busybox "$root/bin/busybox"
+for app in sh mount insmod rmmod env sed cut ls dmesg grep poweroff nproc uname cat echo; do
+    ln -sf busybox "$root/bin/$app"
+done
+cp "$repo/kernel/guest/init" "$root/init"
+cp "$ko" "$root/lib/ummunotify.ko"
+cp "$rel/libummunotify_compat.so" "$root/lib/libummunotify-compat.so"
+cp "$rel/libummunotify.so" "$root/lib/libummunotify.so"
+cp "${progs[@]}" "$root/bin/"
+for obj in "${progs[@]}" "$rel/libummunotify_compat.so" "$rel/libummunotify.so"; do
+    LD_LIBRARY_PATH="$rel" ldd "$obj" | awk '/=>/ && $3 ~ /^\// {print $3} /^\t\/lib64/ {print $1}'
+done | sort -u | while read -r lib; do
+    case "$lib" in
+    */ld-linux*) cp -L "$lib" "$root/lib64/" ;;
+    *libummunotify*) ;;
+    *) cp -L "$lib" "$root/lib/" ;;
+    esac
+done
+(cd "$root" && find . | cpio -o -H newc --quiet | gzip -1) > "$out/initrd.gz"
+say "initramfs: $(du -h "$out/initrd.gz" | cut -f1)"
+
+# 5. Boot it (TCG: KVM guests hang here) and keep the serial console.
+log="$out/guest.log"
+timeout_s=${UMN_GUEST_TIMEOUT:-900}
+say "booting the guest (timeout ${timeout_s}s, log $log)"
+set +e
+timeout -k 10 "$timeout_s" qemu-system-x86_64 -accel tcg -smp 2 -m 1024 -nographic -no-reboot \
+    -kernel "$kdir/arch/x86/boot/bzImage" -initrd "$out/initrd.gz" \
+    -append "console=ttyS0 rdinit=/init panic=-1 quiet umn.stress=${UMN_STRESS_SECS:-10} umn.bench=${UMN_BENCH:-1}" \
+    </dev/null >"$log" 2>&1
+qemu_rc=$?
+set -e
+tr -d '\r' <"$log" >"$log.txt"
+grep -E '^(UMN-|---|[^ ]+:[0-9]+: CHECK)' "$log.txt" >&2 || true
+if [ "$qemu_rc" = 124 ] || [ "$qemu_rc" = 137 ]; then
+    say "FAIL: the guest did not finish within ${timeout_s}s"
+    tail -n 40 "$log.txt" >&2
+    exit 1
+fi
+
+# 6. The verdict.
+python3 "$repo/kernel/compare.py" "$log.txt" "$repo/kernel/expected-divergences.txt"

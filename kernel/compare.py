@@ -1,0 +1,181 @@
+#!/usr/bin/env python3
+"""The verdict on a guest run (kernel/ci.sh): one suite, two implementations.
+
+Reads the guest's serial log and kernel/expected-divergences.txt. Fails (exit 1) when
+- the C library's smoke test (capi_smoke) fails;
+- the guest never printed UMN-GUEST-DONE (it crashed, hung or was cut short), or the module
+  could not be loaded, or the guest kernel logged a BUG/WARNING/Oops;
+- a test has no result for one implementation, or a program exited without its results;
+- the module (the reference) fails or skips a test that is not a listed divergence;
+- the preload's result differs from the module's and the difference is not listed;
+- a listed divergence no longer shows (either side changed): the list must be updated, so a
+  fix lands as a visible change of this file. Only an entry that lists alternatives ("A|B", for
+  a race a run may or may not hit) accepts equal results; "FAIL*" is any failure.
+Prints the side-by-side table and the benchmark table.
+
+Usage: compare.py GUEST_LOG EXPECTED_DIVERGENCES
+"""
+import re
+import sys
+
+# The guest's programs and the prefix of their tests' names.
+PROGRAMS = [("abi2010-suite", "abi2010/"), ("exact2010", "exact2010/"),
+            ("remove_stress", "remove_stress/")]
+
+
+def parse_log(path):
+    results = {}  # (impl, test) -> "PASS" | "FAIL <detail>" | "SKIP"
+    lines = open(path, encoding="utf-8", errors="replace").read().splitlines()
+    done = False
+    module_loaded = False
+    dmesg_bad = []
+    bench = []
+    stress = []
+    exits = set()  # (impl, program)
+    for line in lines:
+        line = line.rstrip()
+        m = re.match(r"^UMN-RESULT (\S+) (\S+) (PASS|FAIL|SKIP)(?: (.*))?$", line)
+        if m:
+            impl, test, verdict, detail = m.groups()
+            results[(impl, test)] = verdict + (" " + detail if detail else "")
+        elif line.startswith("UMN-EXIT "):
+            exits.add(tuple(line.split()[1:3]))
+        elif line == "UMN-GUEST-DONE":
+            done = True
+        elif line.startswith("UMN-MODULE loaded"):
+            module_loaded = True
+        elif line.startswith("UMN-DMESG") and re.search(r"BUG|WARNING|Oops|general protection", line):
+            dmesg_bad.append(line)
+        elif line.startswith("UMN-BENCH "):
+            bench.append(line)
+        elif line.startswith("UMN-STRESS "):
+            stress.append(line)
+    return results, done, module_loaded, dmesg_bad, bench, stress, exits
+
+
+def parse_expected(path):
+    expected = {}
+    for n, line in enumerate(open(path, encoding="utf-8"), 1):
+        line = line.rstrip("\n")
+        if not line.strip() or line.startswith("#"):
+            continue
+        fields = line.split("\t")
+        if len(fields) != 4:
+            sys.exit(f"{path}:{n}: want 4 tab-separated fields: test, module, preload, why")
+        test, module, preload, why = fields
+        expected[test] = (module, preload, why)
+    return expected
+
+
+def matches(result, listed):
+    """listed: alternatives separated by "|" with no space around it (a check's expression may
+    hold " | "); one ending in "*" matches any result it prefixes (for the preload's
+    timing-dependent counter, whose first failed check varies by run)."""
+    for alt in re.split(r"(?<! )\|(?! )", listed):
+        if alt == result or (alt.endswith("*") and result.startswith(alt[:-1])):
+            return True
+    return False
+
+
+def main():
+    log, expected_path = sys.argv[1], sys.argv[2]
+    results, done, module_loaded, dmesg_bad, bench, stress, exits = parse_log(log)
+    expected = parse_expected(expected_path)
+    problems = []
+    if not done:
+        problems.append("the guest never printed UMN-GUEST-DONE (crash, hang or cut short)")
+    if not module_loaded:
+        problems.append("the module was not loaded in the guest")
+    problems += [f"guest kernel: {line}" for line in dmesg_bad]
+    # The C library's own smoke test runs once (userfaultfd underneath): it must pass.
+    capi = {t: r for (i, t), r in results.items() if i == "capi"}
+    if ("capi", "capi_smoke") not in exits or not capi:
+        problems.append("capi: capi_smoke never finished or reported no result")
+    problems += [f"{t} (C library): {r}" for t, r in sorted(capi.items()) if r != "PASS"]
+    for t, r in sorted(capi.items()):
+        print(f"C library in the guest: {t} {r}")
+    tests = sorted({t for (i, t) in results if i != "capi"})
+    for impl in ("preload", "module"):
+        for prog, prefix in PROGRAMS:
+            if (impl, prog) not in exits:
+                problems.append(f"{impl}: {prog} never finished")
+            if not any(i == impl and t.startswith(prefix) for (i, t) in results):
+                problems.append(f"{impl}: {prog} reported no result")
+    if not tests:
+        problems.append("no UMN-RESULT lines at all")
+    width = max([len(t) for t in tests] + [10])
+    print(f"\n{'test':<{width}}  {'module':<8} preload")
+    for test in tests:
+        mod = results.get(("module", test))
+        pre = results.get(("preload", test))
+        note = ""
+        if mod is None or pre is None:
+            problems.append(f"{test}: no result for {'module' if mod is None else 'preload'}")
+        elif test in expected:
+            want_mod, want_pre, why = expected[test]
+            if matches(mod, want_mod) and matches(pre, want_pre):
+                kind = "expected divergence" if mod != pre else "listed race, not hit this run"
+                note = f"  [{kind}: {why}]"
+            elif mod == pre:
+                problems.append(
+                    f"{test}: listed divergence no longer differs (both {mod!r}); "
+                    "remove it from kernel/expected-divergences.txt")
+            else:
+                problems.append(
+                    f"{test}: differs, but not as listed: module {mod!r} (listed {want_mod!r}), "
+                    f"preload {pre!r} (listed {want_pre!r})")
+        elif mod != "PASS":
+            problems.append(f"{test}: the module (the reference) gives {mod!r}")
+        elif pre != mod:
+            problems.append(f"{test}: new difference: module {mod!r}, preload {pre!r}")
+        print(f"{test:<{width}}  {(mod or '-').split(' ')[0]:<8} {(pre or '-').split(' ')[0]}{note}")
+    for test in sorted(set(expected) - set(tests)):
+        problems.append(f"{test}: listed in kernel/expected-divergences.txt but never ran")
+    for line in stress:
+        print(line)
+    if bench:
+        print_bench(bench)
+    if problems:
+        print("\nkernel/ci.sh: FAIL")
+        for p in problems:
+            print(f"  - {p}")
+        return 1
+    n = len(tests)
+    print(f"\nkernel/ci.sh: {n} tests, module and preload agree except "
+          f"{sum(1 for t in tests if t in expected)} listed divergences")
+    return 0
+
+
+def print_bench(lines):
+    """UMN-BENCH <impl> <op> ns=<median> base=<baseline op> base_ns=<median>"""
+    rows = {}
+    for line in lines:
+        fields = line.split()
+        impl, op = fields[1], fields[2]
+        kv = dict(f.split("=", 1) for f in fields[3:] if "=" in f)
+        rows.setdefault(op, {})[impl] = kv
+    print("\nbenchmark (emulated guest, QEMU TCG; TSC ticks, compare ratios only)")
+    impls = sorted({i for r in rows.values() for i in r})
+    both = "module" in impls and "preload" in impls
+    print(f"{'operation':<34}" + "".join(f"{i + ' tsc':>14}{i + ' ×base':>16}" for i in impls)
+          + (f"{'preload/module':>16}" if both else ""))
+    for op, r in rows.items():
+        cells = ""
+        for i in impls:
+            kv = r.get(i)
+            if kv is None or "ns" not in kv:
+                cells += f"{(kv or {}).get('error', '-'):>14}{'':>16}"
+                continue
+            ratio = ""
+            if float(kv.get("base_ns", 0)) > 0:
+                ratio = f"{float(kv['ns']) / float(kv['base_ns']):.2f}"
+            cells += f"{kv['ns']:>14}{ratio:>16}"
+        if both:
+            m, p = r.get("module", {}), r.get("preload", {})
+            if "ns" in m and "ns" in p and float(m["ns"]) > 0:
+                cells += f"{float(p['ns']) / float(m['ns']):>16.2f}"
+        print(f"{op:<34}{cells}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
