@@ -66,7 +66,9 @@ done
 cp "$repo/kernel/guest/init" "$root/init"
 cp "$ko" "$root/lib/ummunotify.ko"
 cp "$rel/libummunotify_compat.so" "$root/lib/libummunotify-compat.so"
-cp "$rel/libummunotify.so" "$root/lib/libummunotify.so"
+# The C library's SONAME is libummunotify.so.0 (what programs linked with -lummunotify load).
+cp "$rel/libummunotify.so" "$root/lib/libummunotify.so.0"
+ln -sf libummunotify.so.0 "$root/lib/libummunotify.so"
 cp "${progs[@]}" "$root/bin/"
 for obj in "${progs[@]}" "$rel/libummunotify_compat.so" "$rel/libummunotify.so"; do
     LD_LIBRARY_PATH="$rel" ldd "$obj" | awk '/=>/ && $3 ~ /^\// {print $3} /^\t\/lib64/ {print $1}'
