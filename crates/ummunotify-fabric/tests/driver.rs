@@ -15,8 +15,7 @@ use ummunotify_testkit::changes::{
     case_json, child_case_from_env, print_child_report, run_case, run_in_child, CaseReport,
     ChangeKind,
 };
-use ummunotify_testkit::pagemap::is_pfn_unavailable;
-use ummunotify_testkit::require::{missing_feature, skip_or_fail};
+use ummunotify_testkit::require::or_skip;
 
 /// One test at a time: several map and unmap memory and count notifications, and a child spawned
 /// by one keeps the others' userfaultfd contexts alive until its exec.
@@ -24,22 +23,6 @@ static SERIAL: Mutex<()> = Mutex::new(());
 
 fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn or_skip(test: &str, r: std::io::Result<CaseReport>) -> Option<CaseReport> {
-    match r {
-        Ok(v) => Some(v),
-        Err(e) => {
-            if let Some(m) = missing_feature(&e) {
-                skip_or_fail(test, &m.to_string());
-            } else if is_pfn_unavailable(&e) {
-                skip_or_fail(test, "real PFNs in /proc/self/pagemap (run as root)");
-            } else {
-                panic!("{test}: {e}");
-            }
-            None
-        }
-    }
 }
 
 /// Each case on a fresh monitor, so no subscription of one case can notify in another.

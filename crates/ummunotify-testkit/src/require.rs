@@ -75,3 +75,22 @@ pub fn skip_or_fail(test: &str, what: &str) {
         "**************** SKIP {test}: missing {what} (set {REQUIRE_ALL_ENV}=1 to fail instead)"
     );
 }
+
+/// The value of a real-kernel step, or `None` after a loud skip (a failure under
+/// `UMN_REQUIRE_ALL=1`) when the error says a kernel feature or the PFN oracle is missing; any
+/// other error panics, naming `test`.
+pub fn or_skip<T>(test: &str, r: io::Result<T>) -> Option<T> {
+    match r {
+        Ok(v) => Some(v),
+        Err(e) => {
+            if let Some(m) = missing_feature(&e) {
+                skip_or_fail(test, &m.to_string());
+            } else if crate::pagemap::is_pfn_unavailable(&e) {
+                skip_or_fail(test, "real PFNs in /proc/self/pagemap (run as root)");
+            } else {
+                panic!("{test}: {e}");
+            }
+            None
+        }
+    }
+}

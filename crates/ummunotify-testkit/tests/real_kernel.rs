@@ -11,8 +11,8 @@ use ummunotify_testkit::changes::{
     case_json, child_case_from_env, parse_case_json, print_child_report, run_case, run_in_child,
     CaseReport, ChangeKind, NaiveWatcher, Watcher,
 };
-use ummunotify_testkit::pagemap::{is_pfn_unavailable, page_size, pfn};
-use ummunotify_testkit::require::{missing_feature, skip_or_fail};
+use ummunotify_testkit::pagemap::{page_size, pfn};
+use ummunotify_testkit::require::or_skip;
 use ummunotify_testkit::uring::Pinner;
 
 /// Cases map at fixed addresses; run them one at a time.
@@ -20,23 +20,6 @@ static SERIAL: Mutex<()> = Mutex::new(());
 
 fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// The value, or `None` after a SKIP (or a panic under UMN_REQUIRE_ALL=1) if a feature is missing.
-fn or_skip<T>(test: &str, r: io::Result<T>) -> Option<T> {
-    match r {
-        Ok(v) => Some(v),
-        Err(e) => {
-            if let Some(m) = missing_feature(&e) {
-                skip_or_fail(test, &m.to_string());
-            } else if is_pfn_unavailable(&e) {
-                skip_or_fail(test, "real PFNs in /proc/self/pagemap (run as root)");
-            } else {
-                panic!("{test}: {e}");
-            }
-            None
-        }
-    }
 }
 
 fn mmap_rw(at: usize, len: usize) -> usize {
