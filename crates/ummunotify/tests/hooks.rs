@@ -679,8 +679,23 @@ fn umn_backend_selects_the_backend_for_new() {
 
 // --- what hooks can not see: shown as missed ---------------------------------------------------
 
+/// In a process of its own: once in CI (1 of 6 runs, under load) the io_uring page read
+/// invalid here, and other tests of this binary map, unmap and fork concurrently in the same
+/// process, where a libc munmap of a reused address would invalidate it legitimately. Not root
+/// caused; alone, 60 of 60 runs and 30 of 30 runs of the whole binary passed.
 #[test]
 fn raw_syscalls_and_io_uring_are_missed_by_hooks() {
+    const NAME: &str = "raw_syscalls_and_io_uring_are_missed_by_hooks";
+    if !role_is(NAME) {
+        let out = in_fresh_process(NAME, &[]);
+        eprintln!("{out}");
+        return;
+    }
+    raw_syscalls_and_io_uring_missed();
+    child_ok();
+}
+
+fn raw_syscalls_and_io_uring_missed() {
     let n = hooks();
     let p = page();
     let a = map(2 * p);
