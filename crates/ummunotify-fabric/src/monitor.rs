@@ -521,13 +521,8 @@ unsafe extern "C" fn start(mon: *mut FidMemMonitor) -> c_int {
                 return -abi::FI_ENOSYS;
             }
         };
-        // Wait until the notifier's monitor thread runs its own code: its start-up in the thread
-        // library maps memory (a signal stack, a malloc arena), and made later, right after an
-        // unmap, that mapping would often land in the hole the unmap left, where the program's
-        // own mmap at that address (x == y) then fails.
-        while notifier.monitor_tid() == 0 {
-            std::thread::yield_now();
-        }
+        // `Notifier::new` returns only once its monitor thread runs (its start-up mappings are
+        // made by then); a hooks-backend notifier has no monitor thread at all.
         // SAFETY: eventfd with valid flags; the fd is owned on the same line.
         let stop_fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
         if stop_fd < 0 {
