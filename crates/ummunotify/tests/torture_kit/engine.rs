@@ -580,7 +580,7 @@ const ALL_CHANGES: &[Change] = &[
     Change::UringMadvise,
     Change::Mprotect,
 ];
-const KINDS: usize = 13;
+const KINDS: usize = ALL_CHANGES.len();
 
 impl Change {
     fn name(self) -> &'static str {
