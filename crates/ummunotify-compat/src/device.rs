@@ -142,8 +142,10 @@ impl Device {
                 let r: RegisterIoctl = read_value(arg)?;
                 let range = usize::try_from(r.start).map_err(|_| libc::EINVAL)?
                     ..usize::try_from(r.end).map_err(|_| libc::EINVAL)?;
+                // Any range, as the device: holes are watched once a mapping call announces them
+                // (`crate::mapping`).
                 self.notifier
-                    .register(range, Cookie(r.user_cookie))
+                    .register_any(range, Cookie(r.user_cookie))
                     .map_err(|e| errno_of(&e))?;
                 Ok(0)
             }
@@ -233,6 +235,12 @@ impl Device {
             copy_to(buf, out.as_ptr().cast(), bytes)?;
             return Ok(bytes);
         }
+    }
+
+    /// Memory was just mapped at `range` (an interposed mapping call returned): watch the parts
+    /// of it that lie in this device's regions' holes.
+    pub(crate) fn mapped(&self, range: std::ops::Range<usize>) {
+        let _ = self.notifier.mapped(range);
     }
 
     /// `mmap(addr, len, prot, flags, fd, offset)`: a view of the live counter page.
