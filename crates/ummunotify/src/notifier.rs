@@ -60,6 +60,10 @@ struct SlotData {
     /// Registered with [`Notifier::register_any`]: valid over holes (re-arming over a hole makes
     /// it valid, as registering it then would).
     any_range: bool,
+    /// Some pages of its range were not mapped when it was last watched (at registration or
+    /// re-arm): counted in `Registry::holes`, so [`Notifier::mapped`] watches memory announced
+    /// there. Cleared when it is unregistered or re-armed with all its pages mapped.
+    holes: bool,
     serial: u64,
 }
 
@@ -94,10 +98,8 @@ struct Registry {
     budget: WatchBudget,
     /// Names the senders of in-flight `REMOVE`s (`crate::inflight`).
     scanner: Scanner,
-    /// Regions whose range had unmapped pages when they were last watched (at registration or
-    /// re-arm), by slot: [`Notifier::mapped`] watches memory mapped there later. A region leaves
-    /// this set when it is unregistered or re-armed with all its pages mapped.
-    holes: HashMap<u32, Span>,
+    /// Regions whose `SlotData::holes` is set.
+    holes: usize,
 }
 
 /// The watch policy's VMA budget (docs/ARCHITECTURE.md, "Watch policy").
@@ -242,8 +244,8 @@ pub(crate) struct Shared {
     /// The message being applied hit at least one region (monitor only; see
     /// `generation::count_notification`).
     message_hit: AtomicBool,
-    /// `Registry::holes.len()`, readable without the lock: [`Notifier::mapped`] returns at once
-    /// while it is 0. Raised before the holes are looked for (see `watch_mapped_parts`).
+    /// `Registry::holes`, readable without the lock: [`Notifier::mapped`] returns at once while
+    /// it is 0. Raised before the holes are looked for (see `register_impl`).
     holes: AtomicUsize,
 }
 
@@ -828,7 +830,7 @@ impl Notifier {
                     Watcher::Uffd(_) => WatchBudget::new(),
                 },
                 scanner: Scanner::new(),
-                holes: HashMap::new(),
+                holes: 0,
             }),
             uffd,
             strays_pending: AtomicBool::new(false),
@@ -956,7 +958,9 @@ impl Notifier {
     /// `shmat`, `brk` growth): the pages of it that lie in a registered region and were not
     /// mapped when that region was last watched are watched from now on. Call it after the
     /// mapping call returned and before the memory is used. Costs one atomic load while no
-    /// region has unmapped pages; otherwise a look at each such region.
+    /// region has unmapped pages; otherwise the registry lock, and a `PROCMAP_QUERY` and a
+    /// `UFFDIO_REGISTER` per mapped VMA part of the range's registered pages (none for memory
+    /// outside every region).
     ///
     /// Regions with holes come from [`register_any`](Self::register_any) and from re-arming a
     /// region while some of its pages are unmapped (see [`read_events`](Self::read_events)).
@@ -975,13 +979,15 @@ impl Notifier {
         let end = (range.end as u64).saturating_add(page - 1) & !(page - 1);
         let mut reg = sh.lock_registry();
         sh.settle(&mut reg)?;
-        let Registry { holes, budget, .. } = &mut *reg;
-        for span in holes.values() {
-            let (s, e) = (span.watch_start.max(start), span.watch_end.min(end));
-            if s < e {
-                let _ = sh.watch_mapped_parts(budget, s, e);
-            }
-        }
+        // Every page of the range some region counts: the holes' pages, and pages of regions
+        // whose watch went with an unmap (pending; watching them now only adds what their
+        // re-arm would watch anyway). No page outside every region is watched.
+        let Registry {
+            coverage, budget, ..
+        } = &mut *reg;
+        coverage.for_each_covered(start, end, |s, e| {
+            let _ = sh.watch_mapped_parts(budget, s, e);
+        });
         Ok(())
     }
 
@@ -1006,9 +1012,6 @@ impl Notifier {
         // Room in the hash map and the slot table is made here, outside the index lock.
         reg.cookies.reserve(1);
         reg.free.reserve(1);
-        if any {
-            reg.holes.reserve(1);
-        }
         let id = match reg.free.last() {
             Some(&id) => id,
             None => reg.next_slot,
@@ -1021,6 +1024,10 @@ impl Notifier {
         // The pages that went from 0 to 1 are not needed: the whole range is watched below (see
         // there why), and a rollback's `remove` returns exactly what this added.
         reg.coverage.add(span.watch_start, span.watch_end);
+        if any {
+            reg.holes += 1;
+            sh.holes.store(reg.holes, SeqCst);
+        }
         let token = {
             let mut l = sh.lock_index_blocked();
             let d = l.data(id);
@@ -1030,6 +1037,9 @@ impl Notifier {
             d.queued = false;
             d.coverage_lost = false;
             d.any_range = any;
+            // Counted before the holes are looked for (below): a racing `mapped` that finds the
+            // count 0 announced memory that the look will find mapped.
+            d.holes = any;
             d.serial += 1;
             let expected = d.serial << 1;
             let slot = l.slot(id);
@@ -1049,17 +1059,12 @@ impl Notifier {
         // Watch the whole page range, even parts already covered: a watch lost with an unmap may
         // have been replaced by a new mapping since (watching is idempotent).
         if any {
-            // The region is in the index already, and in `holes` before the holes are looked
-            // for: memory a racing `mapped` announces is found either by the look below or,
-            // after this call, by `mapped` itself.
-            reg.holes.insert(id, span);
-            sh.holes.store(reg.holes.len(), SeqCst);
+            // The region is in the index and counted in `holes` already: memory a racing
+            // `mapped` announces is found either by the look below or, after this call (it
+            // waits for the registry lock), by `mapped` itself.
             let Registry { budget, .. } = &mut *reg;
             match sh.watch_mapped_parts(budget, span.watch_start, span.watch_end) {
-                Ok(true) => {
-                    reg.holes.remove(&id);
-                    sh.holes.store(reg.holes.len(), SeqCst);
-                }
+                Ok(true) => self.clear_holes(&mut reg, id),
                 Ok(false) => {}
                 Err(e) => {
                     self.remove_slot(&mut reg, id, &span);
@@ -1093,12 +1098,28 @@ impl Notifier {
         Ok(token)
     }
 
+    /// Region `id` has no holes (any more): uncount it (registry lock held).
+    fn clear_holes(&self, reg: &mut Registry, id: u32) {
+        let had = std::mem::take(&mut self.shared.lock_index_blocked().data(id).holes);
+        if had {
+            reg.holes -= 1;
+            self.shared.holes.store(reg.holes, SeqCst);
+        }
+    }
+
+    /// Region `id` may have holes: count it, before they are looked for (registry lock held).
+    fn mark_holes(&self, reg: &mut Registry, id: u32) {
+        let had = std::mem::replace(&mut self.shared.lock_index_blocked().data(id).holes, true);
+        if !had {
+            reg.holes += 1;
+            self.shared.holes.store(reg.holes, SeqCst);
+        }
+    }
+
     /// Undoes the index and coverage part of a registration (registry lock held).
     fn remove_slot(&self, reg: &mut Registry, id: u32, span: &Span) {
         let sh = &*self.shared;
-        if reg.holes.remove(&id).is_some() {
-            sh.holes.store(reg.holes.len(), SeqCst);
-        }
+        self.clear_holes(reg, id);
         {
             let mut l = sh.lock_index_blocked();
             let Locked { st, slots } = &mut l.locked;
@@ -1355,17 +1376,15 @@ impl Notifier {
                 Err(_) => return,
             }
         }
-        // In `holes` before the holes are looked for (see `register_impl`).
-        reg.holes.insert(id, rewatch);
-        sh.holes.store(reg.holes.len(), SeqCst);
+        // Counted before the holes are looked for (see `register_impl`).
+        self.mark_holes(reg, id);
         let Registry { budget, .. } = &mut *reg;
         let whole = match sh.watch_mapped_parts(budget, rewatch.watch_start, rewatch.watch_end) {
             Ok(whole) => whole,
             Err(_) => return, // stays invalid, its watch lost: the next re-arm tries again
         };
         if whole {
-            reg.holes.remove(&id);
-            sh.holes.store(reg.holes.len(), SeqCst);
+            self.clear_holes(reg, id);
         }
         let mut l = sh.lock_index_blocked();
         l.st.inflight.sweep();
