@@ -392,7 +392,7 @@ fn pointer_boundary(
 
 /// Interposed `mremap(2)`: the new range is announced to every device (memory that lands in a
 /// registered hole is watched from the return on). `new_address` is read only with
-/// `MREMAP_FIXED` (as the kernel does; on x86-64 a variadic argument arrives in the same register).
+/// `MREMAP_FIXED` (as glibc does; on x86-64 a variadic argument arrives in the same register).
 ///
 /// # Safety
 /// As `mremap(2)`.
@@ -406,6 +406,13 @@ pub unsafe extern "C" fn mremap(
 ) -> *mut c_void {
     let inside = mapping::Inside::enter();
     pointer_boundary(libc::MAP_FAILED, || {
+        // As glibc: the variadic fifth argument exists only with MREMAP_FIXED (otherwise the
+        // register holds garbage, which the kernel would take as a placement hint).
+        let new_address = if flags & libc::MREMAP_FIXED != 0 {
+            new_address
+        } else {
+            std::ptr::null_mut()
+        };
         let p = pass!(MREMAP(old, old_len, new_len, flags, new_address))?;
         mapping::after_mmap(&inside, p, new_len);
         Ok(p)
