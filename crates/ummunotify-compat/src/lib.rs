@@ -34,7 +34,10 @@
 //! that does not go through these symbols is not watched, and its later unmap is not reported
 //! (the device saw it): a raw `mmap` syscall, glibc's internal `mmap`/`brk` inside `malloc`, and
 //! mappings this library makes itself (`src/mapping.rs`; the guest suite's
-//! `test_raw_mmap_into_a_hole_is_unseen` shows it). SIGIO (`O_ASYNC`) is not supported. `readv`, `pread` and
+//! `test_raw_mmap_into_a_hole_is_unseen` shows it). A device maps its slot table for 1023
+//! regions when it is opened, so registering maps nothing up to that many; past them the table
+//! grows, and the kernel may place the new segment in a registered hole, where it is then
+//! watched (the device mapped nothing in the program's address space). SIGIO (`O_ASYNC`) is not supported. `readv`, `pread` and
 //! `fopen` of the device are not interposed. Descriptors at or above 65536 can not be devices
 //! (`EMFILE`). A raw `close`, `close_range`, `dup2` or `dup3` syscall around this library leaves
 //! a stale table entry, which is never trusted: every lookup checks that the number still names
@@ -392,7 +395,8 @@ fn pointer_boundary(
 
 /// Interposed `mremap(2)`: the new range is announced to every device (memory that lands in a
 /// registered hole is watched from the return on). `new_address` is read only with
-/// `MREMAP_FIXED` (as glibc does; on x86-64 a variadic argument arrives in the same register).
+/// `MREMAP_FIXED` or `MREMAP_DONTUNMAP` (as glibc does; on x86-64 a variadic argument arrives in
+/// the same register).
 ///
 /// # Safety
 /// As `mremap(2)`.
@@ -406,9 +410,9 @@ pub unsafe extern "C" fn mremap(
 ) -> *mut c_void {
     let inside = mapping::Inside::enter();
     pointer_boundary(libc::MAP_FAILED, || {
-        // As glibc: the variadic fifth argument exists only with MREMAP_FIXED (otherwise the
-        // register holds garbage, which the kernel would take as a placement hint).
-        let new_address = if flags & libc::MREMAP_FIXED != 0 {
+        // As glibc 2.36: the variadic fifth argument is read only with MREMAP_FIXED or
+        // MREMAP_DONTUNMAP (otherwise the register holds garbage, which a kernel would check).
+        let new_address = if flags & (libc::MREMAP_FIXED | libc::MREMAP_DONTUNMAP) != 0 {
             new_address
         } else {
             std::ptr::null_mut()

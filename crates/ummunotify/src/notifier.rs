@@ -656,6 +656,21 @@ impl Shared {
     /// whether they covered it (no hole); a part unmapped while this runs counts as a hole. No
     /// allocation where `PROCMAP_QUERY` works (it runs inside the 2010 preload's `mmap`).
     fn watch_mapped_parts(&self, budget: &mut WatchBudget, start: u64, end: u64) -> Result<bool> {
+        // The common case, all mapped: one check and one watch, as `register` (the VMA walk
+        // reads all of /proc/self/maps per call where PROCMAP_QUERY is missing, Linux < 6.11).
+        let whole = Span {
+            start,
+            end,
+            watch_start: start,
+            watch_end: end,
+        };
+        match self.watch(&whole) {
+            Ok(()) if matches!(sys::is_mapped(start as usize, end as usize), Ok(true)) => {
+                return Ok(true)
+            }
+            Ok(()) | Err(Error::Unmapped) => {}
+            Err(e) => return Err(e),
+        }
         let mut first_err = None;
         let mut raced = false;
         let whole = budget
@@ -988,6 +1003,29 @@ impl Notifier {
         coverage.for_each_covered(start, end, |s, e| {
             let _ = sh.watch_mapped_parts(budget, s, e);
         });
+        Ok(())
+    }
+
+    /// Makes room for `regions` registered regions now (the slot table and the cookie map), so
+    /// that registering up to that many allocates and maps nothing. The 2010 preload reserves
+    /// when the device is opened: otherwise the first registration maps the slot table, and the
+    /// kernel may put it in the hole the program just made and is registering (the device
+    /// mapped nothing in the program's address space).
+    ///
+    /// # Errors
+    /// [`Error::Forked`], [`Error::MonitorDead`].
+    pub fn reserve(&self, regions: usize) -> Result<()> {
+        let sh = &*self.shared;
+        sh.alive()?;
+        let mut reg = sh.lock_registry();
+        let more = regions.saturating_sub(reg.cookies.len());
+        reg.cookies.reserve(more);
+        reg.free.reserve(more);
+        while sh.slots.capacity() < regions.min(u32::MAX as usize) {
+            if !sh.slots.grow() && sh.slots.capacity() < regions {
+                break; // every segment installed
+            }
+        }
         Ok(())
     }
 

@@ -236,6 +236,7 @@ fn mremap_dontunmap(from: usize, len: usize) -> usize {
             len,
             len,
             libc::MREMAP_MAYMOVE | libc::MREMAP_DONTUNMAP,
+            std::ptr::null_mut::<libc::c_void>(), // glibc reads it (a hint) with DONTUNMAP
         )
     };
     assert_ne!(p, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
