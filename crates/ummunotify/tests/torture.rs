@@ -14,12 +14,13 @@ mod torture_kit;
 
 use std::time::Duration;
 
-use torture_kit::engine::{install_crash_report, report, run, Params};
+use torture_kit::engine::{install_crash_report, report, run, unprotected_if_asked, Params};
 use torture_kit::{env_u64, seed};
 
 #[test]
 fn torture() {
     install_crash_report();
+    unprotected_if_asked();
     let p = Params {
         seed: seed("UMN_TORTURE_SEED"),
         threads: env_u64("UMN_TORTURE_THREADS", 3).clamp(1, 8) as usize,

@@ -195,6 +195,18 @@ pub fn install_crash_report() {
     }
 }
 
+/// Environment variable: `1` turns the REMOVE-in-flight protection (issue 9) off for the run,
+/// to show the torture catches the bug it prevents (the run then fails).
+pub const UNPROTECTED_ENV: &str = "UMN_TORTURE_UNPROTECTED";
+
+/// Turns the protection off when [`UNPROTECTED_ENV`] is `1` (before any notifier exists).
+pub fn unprotected_if_asked() {
+    if std::env::var_os(UNPROTECTED_ENV).is_some_and(|v| v == "1") {
+        eprintln!("{UNPROTECTED_ENV}=1: REMOVE-in-flight protection off, the run should fail");
+        ummunotify::__testing::disable_remove_in_flight();
+    }
+}
+
 /// How a run is set up.
 #[derive(Clone, Debug)]
 pub struct Params {
