@@ -45,8 +45,9 @@ pub(crate) const ENTRIES: usize = 64;
 /// The signal is `SIGRTMAX - SIGNAL_OFFSET` (glibc: 62), unless `UMN_SIGNAL` names another
 /// (0 disables signalling: every entry then ends by exit or grace).
 pub const SIGNAL_OFFSET: i32 = 2;
-/// How long a `REMOVE` nobody could be named for stays in flight.
-pub const UNIDENTIFIED_GRACE: Duration = Duration::from_millis(5);
+/// How long a `REMOVE` nobody could be named for stays in flight (5 ms was too short on a loaded
+/// machine: a woken io-wq worker can wait that long for a CPU before it zaps).
+pub const UNIDENTIFIED_GRACE: Duration = Duration::from_millis(100);
 /// How long a named thread that neither acknowledged nor exited keeps its entry in flight.
 pub const STUCK_GRACE: Duration = Duration::from_millis(200);
 
@@ -830,6 +831,20 @@ impl Scanner {
         let (fd, owned, io_worker) = match slot {
             Some(i) => {
                 self.open[i].2 = true;
+                if !task_file_live(self.open[i].1) {
+                    // The file is of a thread that is gone, and `tid` (listed just now) was
+                    // given to a new one (pid_max is often 32768): reading the old file would
+                    // call the new thread gone and never look at it. Open its own.
+                    // SAFETY: an fd this scanner opened and owns; replaced below.
+                    unsafe { libc::close(self.open[i].1) };
+                    let Some(fd) = open_syscall(dfd, name) else {
+                        self.n_open -= 1;
+                        self.open[i] = self.open[self.n_open];
+                        self.overflowed |= !last_error_is_gone();
+                        return None;
+                    };
+                    self.open[i] = (tid, fd, true, is_io_worker(dfd, name));
+                }
                 (self.open[i].1, false, self.open[i].3)
             }
             None => match open_syscall(dfd, name) {
@@ -874,6 +889,15 @@ impl Scanner {
         };
         c.map(|c| Candidate { io_worker, ..c })
     }
+}
+
+/// Whether an open `/proc/TID/syscall` file still belongs to a live thread (a read of a file
+/// whose thread is gone fails with `ESRCH`, even when the tid was given to a new thread since).
+fn task_file_live(fd: i32) -> bool {
+    let mut buf = [0u8; 256];
+    // SAFETY: reads into our stack buffer at offset 0.
+    let got = unsafe { libc::pread(fd, buf.as_mut_ptr().cast(), buf.len(), 0) };
+    got > 0 || !last_error_is_gone()
 }
 
 /// Whether the last failed call failed because the thread is gone.
@@ -1099,6 +1123,33 @@ mod tests {
         assert!(!is_io_worker(dfd, me.as_bytes()));
         // SAFETY: our own fd.
         unsafe { libc::close(dfd) };
+    }
+
+    #[test]
+    fn a_task_file_of_a_thread_that_is_gone_reads_dead() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            tx.send(crate::sys::gettid()).unwrap();
+            go_rx.recv().unwrap();
+        });
+        let tid = rx.recv().unwrap();
+        let path = std::ffi::CString::new(format!("/proc/self/task/{tid}/syscall")).unwrap();
+        // SAFETY: a NUL-terminated path; closed below.
+        let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+        assert!(fd >= 0);
+        assert!(task_file_live(fd));
+        go_tx.send(()).unwrap();
+        t.join().unwrap();
+        // join returns when the kernel cleared the thread's tid word, a little before the thread
+        // is released: look again for a while.
+        let dead = (0..1000).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            !task_file_live(fd)
+        });
+        assert!(dead, "the file of an exited thread still reads live");
+        // SAFETY: our own fd.
+        unsafe { libc::close(fd) };
     }
 
     #[test]
