@@ -1060,7 +1060,7 @@ pub(crate) fn parse_syscall(line: &[u8], tid: i32) -> Option<Candidate> {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 
