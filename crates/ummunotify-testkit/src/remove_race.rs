@@ -207,6 +207,39 @@ impl Remover {
             }
         }
     }
+
+    /// One change of a buffer as the stress makes it: the seqlock goes odd, the pages are
+    /// dropped with this kind, a fresh `value` is stamped at the start of each page, the seqlock
+    /// goes even; then a short pause (a change every few microseconds, not a storm that starves
+    /// the registering threads).
+    ///
+    /// # Safety
+    /// As for [`remove`](Self::remove); `[addr, addr + len)` must also be writable.
+    ///
+    /// # Errors
+    /// As for [`remove`](Self::remove) (the seqlock is even again either way).
+    pub unsafe fn change(
+        &mut self,
+        ch: &Change,
+        addr: usize,
+        len: usize,
+        page: usize,
+        value: u64,
+    ) -> io::Result<()> {
+        ch.begin();
+        // SAFETY: the caller's contract.
+        if let Err(e) = unsafe { self.remove(addr, len) } {
+            ch.end();
+            return Err(e);
+        }
+        // SAFETY: the caller's contract; writable, no Rust reference into it.
+        unsafe { write_stamp(addr, len, page, value) };
+        ch.end();
+        for _ in 0..2000 {
+            std::hint::spin_loop();
+        }
+        Ok(())
+    }
 }
 
 impl std::fmt::Debug for Remover {

@@ -522,7 +522,8 @@ impl Shared {
             + (crate::inflight::STUCK_GRACE.as_nanos() as u64).saturating_mul(2);
         let mut round = 0;
         loop {
-            let unresolved = {
+            let mut workers = [0i32; crate::inflight::WORKERS];
+            let (unresolved, n_workers) = {
                 let mut l = self.lock_index_blocked();
                 if l.st.inflight.is_empty() {
                     return;
@@ -531,7 +532,10 @@ impl Shared {
                 if done(&l, start) {
                     return;
                 }
-                l.st.inflight.unresolved(range.0, range.1)
+                (
+                    l.st.inflight.unresolved(range.0, range.1),
+                    l.st.inflight.workers(range.0, range.1, &mut workers),
+                )
             };
             if unresolved {
                 // Scan after reading the horizon: every entry up to it was read before the scan
@@ -545,6 +549,25 @@ impl Shared {
                 };
                 outbox.send();
                 continue;
+            }
+            if n_workers > 0 {
+                // Busy io_uring workers run no handler: look whether they went idle since.
+                let horizon = InFlight::horizon();
+                let mut idle = [0i32; crate::inflight::WORKERS];
+                let mut n_idle = 0;
+                for &w in &workers[..n_workers] {
+                    if reg.scanner.worker_idle(w) {
+                        idle[n_idle] = w;
+                        n_idle += 1;
+                    }
+                }
+                if n_idle > 0 {
+                    let mut l = self.lock_index_blocked();
+                    for &w in &idle[..n_idle] {
+                        l.st.inflight.worker_idle(w, horizon);
+                    }
+                    continue;
+                }
             }
             if crate::inflight::now_ns() > limit {
                 return;
