@@ -10,7 +10,7 @@
 //! |---|---|
 //! | `open`, `open64`, `openat`, `openat64`, `__open*_2` of `"/dev/ummunotify"` | a new notifier; `O_WRONLY`/`O_RDWR` → `EINVAL`; no userfaultfd → `ENODEV`, refused → `EACCES` |
 //! | `ioctl(UMMUNOTIFY_EXCHANGE_FEATURES)` | answers mask 0; `EINVAL` once the fd was used (any ioctl, read, mmap, or an earlier exchange) |
-//! | `ioctl(UMMUNOTIFY_REGISTER_REGION)` | duplicate cookie, empty/wrapping/unmapped range → `EINVAL`; overlap with *another* descriptor's range → `EBUSY` |
+//! | `ioctl(UMMUNOTIFY_REGISTER_REGION)` | duplicate cookie, empty/wrapping/unmapped range → `EINVAL`; ranges may overlap anything, other descriptors' included; a range another library's userfaultfd owns → `EBUSY` |
 //! | `ioctl(UMMUNOTIFY_UNREGISTER_REGION)` | unknown cookie → `EINVAL` |
 //! | other ioctls | `FIONBIO` sets non-blocking; anything else `ENOTTY` |
 //! | `read` | 32-byte INVAL records (HINT rules of 2010), then LAST carrying the counter when the queue drained; at most one page; `EAGAIN` with `O_NONBLOCK`, blocks otherwise (`EINTR` on a signal); a buffer smaller than one record → `EINVAL` |
@@ -27,9 +27,9 @@
 //! tied to the old address space, so it was inert). Threads: the interposed paths take no lock of
 //! their own; descriptor lookups are lock-free (see `src/table.rs`).
 //!
-//! Limits: two descriptors each have their own userfaultfd context, and the kernel refuses to
-//! watch one page from two contexts: overlapping ranges across descriptors fail with `EBUSY`
-//! (regions of one descriptor may overlap freely). A registered range must be mapped (the 2010
+//! Limits: every descriptor's notifier shares the process's one userfaultfd context, so ranges of
+//! different descriptors may overlap as on the device; pages another library's userfaultfd
+//! context owns can not be watched (`EBUSY`). A registered range must be mapped (the 2010
 //! device accepted unmapped ranges). SIGIO (`O_ASYNC`) is not supported. `readv`, `pread` and
 //! `fopen` of the device are not interposed. Descriptors at or above 65536 can not be devices
 //! (`EMFILE`). A raw `close`, `close_range`, `dup2` or `dup3` syscall around this library leaves

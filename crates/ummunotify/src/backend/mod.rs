@@ -66,6 +66,7 @@
 //! With a probe, the notifier's counter carries [`crate::generation::PULL`] and every check
 //! pulls first; without one the fast path stays one load and one compare.
 pub(crate) mod hooks;
+pub(crate) mod table;
 pub(crate) mod uffd;
 
 use std::sync::Arc;
@@ -184,16 +185,19 @@ pub(crate) fn open(
             .clone()
             .map(|how| (hooks::watcher(), Backend::Hooks, how))
     };
-    let uffd = |u: uffd::Uffd, why: &str| {
-        let how = format!("{why}userfaultfd, opened with {}", u.how());
-        (uffd::watcher(u), Backend::Userfaultfd, how)
+    let uffd = |c: Arc<uffd::Context>, why: &str| {
+        let how = format!(
+            "{why}userfaultfd, the process's one context, opened with {}",
+            c.how()
+        );
+        (uffd::watcher(c), Backend::Userfaultfd, how)
     };
     match backend {
-        Backend::Userfaultfd => Ok(uffd(uffd::Uffd::open()?, "asked for ")),
+        Backend::Userfaultfd => Ok(uffd(uffd::Context::shared()?, "asked for ")),
         Backend::Hooks => hooks()
             .map(|(w, b, how)| (w, b, format!("asked for hooks: {how}")))
             .map_err(|reason| crate::Unsupported::Hooks { reason }),
-        Backend::Auto => match uffd::Uffd::open() {
+        Backend::Auto => match uffd::Context::shared() {
             Ok(u) => Ok(uffd(u, "auto: ")),
             Err(e) => match hooks() {
                 Ok((w, b, how)) => Ok((
