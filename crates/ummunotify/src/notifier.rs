@@ -207,6 +207,9 @@ pub struct Stats {
     pub removes_by_grace: u64,
     /// `REMOVE`s in flight now.
     pub removes_in_flight: usize,
+    /// Watch requests userfaultfd refused because another context owns the pages (`EBUSY`),
+    /// taken by the hooks alone (hybrid backend only; raw syscalls on them are not seen).
+    pub hooks_only_watches: u64,
 }
 
 /// The core's state, shared with the backend's delivery (as its [`Sink`]).
@@ -1126,6 +1129,7 @@ impl Notifier {
             removes_confirmed: inflight.0,
             removes_by_grace: inflight.1,
             removes_in_flight: inflight.2,
+            hooks_only_watches: sh.watcher.hooks_only(),
         }
     }
 

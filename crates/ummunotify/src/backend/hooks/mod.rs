@@ -108,12 +108,18 @@ impl Watcher for HooksWatcher {
     }
 
     fn deliver(&self, sink: Arc<dyn Sink>) -> crate::Result<Box<dyn Delivery>> {
-        let p = Published::publish(sink).ok_or(crate::Error::Os {
-            op: "hooks registration",
-            source: std::io::Error::other("too many live hooks notifiers in this process"),
-        })?;
-        Ok(Box::new(p))
+        publish(sink)
     }
+}
+
+/// Hands `sink` to the hooks (every hooked call on its watched pages calls its
+/// `invalidate_in_thread`) until the returned delivery stops.
+pub(crate) fn publish(sink: Arc<dyn Sink>) -> crate::Result<Box<dyn Delivery>> {
+    let p = Published::publish(sink).ok_or(crate::Error::Os {
+        op: "hooks registration",
+        source: std::io::Error::other("too many live hooks notifiers in this process"),
+    })?;
+    Ok(Box::new(p))
 }
 
 // ---------------------------------------------------------------------------------------------

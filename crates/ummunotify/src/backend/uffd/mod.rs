@@ -8,8 +8,8 @@ use std::cell::UnsafeCell;
 use std::io;
 use std::mem::ManuallyDrop;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::{Arc, Mutex, MutexGuard, Once, Weak};
 
 use super::table::{Place, SinkTable};
@@ -181,6 +181,9 @@ pub(crate) struct Context {
     pid: i32,
     /// Per page, how many notifiers watch it.
     watched: Mutex<Coverage>,
+    /// Watchers on this context that are not hybrid: while any lives, the hooks must not remove
+    /// watches (that notifier would not see the change), see [`Context::unwatch_in_hook`].
+    plain: AtomicUsize,
 }
 
 fn getpid() -> i32 {
@@ -254,6 +257,7 @@ impl Context {
             monitor: Mutex::new(None),
             pid,
             watched: Mutex::new(Coverage::new()),
+            plain: AtomicUsize::new(0),
         });
         Ok(CURRENT.with(|w| match live(w) {
             Some(c) => (c, Some(new)),
@@ -274,6 +278,20 @@ impl Context {
 
     fn forked(&self) -> bool {
         self.pid != getpid()
+    }
+
+    /// Hybrid's hook, before a libc call changes `[start, end)`: removes this context's watch
+    /// from those pages, so the kernel sends no message and the calling thread does not wait
+    /// for the monitor (the hybrid notifiers were invalidated in this thread). Returns whether
+    /// the watch was removed (then the regions' coverage is lost, as with an unmap). Not while a
+    /// non-hybrid notifier shares the context: it sees changes through messages only.
+    ///
+    /// Hook path: one ioctl, no allocation, no lock.
+    pub(crate) fn unwatch_in_hook(&self, start: u64, end: u64) -> bool {
+        if self.plain.load(SeqCst) != 0 || self.forked() {
+            return false;
+        }
+        sys::unregister(self.inner.uffd.fd(), start, end - start).is_ok()
     }
 
     fn monitor_tid(&self) -> i32 {
@@ -308,17 +326,16 @@ impl Drop for Context {
 ///
 /// Visibility rule: the busy protocol. The monitor marks every sink busy before each
 /// single-message `read()`; that read is what releases the unmapping thread.
-struct UffdWatcher {
+pub(crate) struct UffdWatcher {
     ctx: Arc<Context>,
     mine: Mutex<Coverage>,
+    /// Counted in the context's `plain` (not part of a hybrid watcher).
+    plain: bool,
 }
 
 /// The [`Watcher`] of one notifier on the process's context.
 pub(crate) fn watcher(ctx: Arc<Context>) -> Box<dyn Watcher> {
-    Box::new(UffdWatcher {
-        ctx,
-        mine: Mutex::new(Coverage::new()),
-    })
+    Box::new(UffdWatcher::new(ctx, true))
 }
 
 /// The parts of `[start, end)` that `c` covers.
@@ -338,6 +355,22 @@ fn covered(c: &Coverage, start: u64, end: u64) -> Vec<(u64, u64)> {
 }
 
 impl UffdWatcher {
+    /// A watcher on `ctx`; `plain` unless it is the userfaultfd half of a hybrid watcher.
+    pub(crate) fn new(ctx: Arc<Context>, plain: bool) -> UffdWatcher {
+        if plain {
+            ctx.plain.fetch_add(1, SeqCst);
+        }
+        UffdWatcher {
+            ctx,
+            mine: Mutex::new(Coverage::new()),
+            plain,
+        }
+    }
+
+    pub(crate) fn context(&self) -> &Arc<Context> {
+        &self.ctx
+    }
+
     /// Both locks, the context's first (the order every watcher takes them in).
     fn locked(&self) -> (MutexGuard<'_, Coverage>, MutexGuard<'_, Coverage>) {
         let g = self.ctx.watched.lock().unwrap_or_else(|p| p.into_inner());
@@ -409,6 +442,9 @@ impl Watcher for UffdWatcher {
 impl Drop for UffdWatcher {
     /// The notifier is gone: its pages are unwatched unless another notifier watches them.
     fn drop(&mut self) {
+        if self.plain {
+            self.ctx.plain.fetch_sub(1, SeqCst);
+        }
         if self.ctx.forked() {
             // A child's ioctls would act on the parent's address space (the context's mm).
             return;
