@@ -116,6 +116,15 @@ fn main() -> ExitCode {
                 }
             }
         }
+        [bench::CHILD_SUBCOMMAND, backend, rest @ ..] => {
+            match bench::child_main(backend, rest.contains(&"--quick")) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("umn bench ({backend}): {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         ["help"] | ["--help"] | ["-h"] => {
             print!("{USAGE}");
             ExitCode::SUCCESS
