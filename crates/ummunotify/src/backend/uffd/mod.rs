@@ -286,9 +286,10 @@ impl Context {
     /// the watch was removed (then the regions' coverage is lost, as with an unmap). Not while a
     /// non-hybrid notifier shares the context: it sees changes through messages only.
     ///
-    /// Hook path: one ioctl, no allocation, no lock.
+    /// Hook path: one ioctl, no allocation, no lock. Never in a forked child: the hooks
+    /// deliver nothing there (they compare the pid before calling any sink).
     pub(crate) fn unwatch_in_hook(&self, start: u64, end: u64) -> bool {
-        if self.plain.load(SeqCst) != 0 || self.forked() {
+        if self.plain.load(SeqCst) != 0 {
             return false;
         }
         sys::unregister(self.inner.uffd.fd(), start, end - start).is_ok()
