@@ -717,6 +717,16 @@ bool ummunotify_notifier_unchanged_since(const struct ummunotify_notifier *n, ui
 const ummunotify_counter_word *ummunotify_notifier_counter(const struct ummunotify_notifier *n);
 
 /*
+ The backend this notifier runs on, as a static NUL-terminated name: `"uffd"`, `"hooks"` or
+ `"hybrid"` (what `UMN_BACKEND` chose; `auto` resolves to one of them). NULL for a NULL
+ notifier. The string lives as long as the process.
+
+ # Safety
+ `n` must be NULL or a live handle.
+ */
+const char *ummunotify_notifier_backend(const struct ummunotify_notifier *n);
+
+/*
  A file descriptor readable while events are pending (and already while the monitor is taking
  a message, so `poll(fd, 0)` right after an unmapping call returned sees it): use it with
  `poll`, `select` or `epoll`, never read it directly. Owned by the notifier (do not close it).

@@ -474,6 +474,29 @@ pub unsafe extern "C" fn ummunotify_notifier_counter(
     })
 }
 
+/// The backend this notifier runs on, as a static NUL-terminated name: `"uffd"`, `"hooks"` or
+/// `"hybrid"` (what `UMN_BACKEND` chose; `auto` resolves to one of them). NULL for a NULL
+/// notifier. The string lives as long as the process.
+///
+/// # Safety
+/// `n` must be NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn ummunotify_notifier_backend(
+    n: *const ummunotify_notifier,
+) -> *const std::ffi::c_char {
+    guard(std::ptr::null(), || {
+        // SAFETY: (caller) `n` is NULL or a live handle.
+        match unsafe { borrow(n) } {
+            Some(n) => match n.backend() {
+                core_api::Backend::Hooks => c"hooks".as_ptr(),
+                core_api::Backend::Hybrid => c"hybrid".as_ptr(),
+                _ => c"uffd".as_ptr(),
+            },
+            None => std::ptr::null(),
+        }
+    })
+}
+
 /// A file descriptor readable while events are pending (and already while the monitor is taking
 /// a message, so `poll(fd, 0)` right after an unmapping call returned sees it): use it with
 /// `poll`, `select` or `epoll`, never read it directly. Owned by the notifier (do not close it).

@@ -10,7 +10,7 @@
 //! |---|---|
 //! | `open`, `open64`, `openat`, `openat64`, `__open*_2` of `"/dev/ummunotify"` | a new notifier; `O_WRONLY`/`O_RDWR` → `EINVAL`; no userfaultfd → `ENODEV`, refused → `EACCES` |
 //! | `ioctl(UMMUNOTIFY_EXCHANGE_FEATURES)` | answers mask 0; `EINVAL` once the fd was used (any ioctl, read, mmap, or an earlier exchange) |
-//! | `ioctl(UMMUNOTIFY_REGISTER_REGION)` | any range, mapped or not, as the device ([`Notifier::register_any`](ummunotify::Notifier::register_any)): mapped parts are watched at once, memory mapped into it later by a call seen here (below) from that call's return; duplicate cookie, empty/wrapping range → `EINVAL`; overlap with *another* descriptor's range → `EBUSY` |
+//! | `ioctl(UMMUNOTIFY_REGISTER_REGION)` | any range, mapped or not, as the device ([`Notifier::register_any`](ummunotify::Notifier::register_any)): mapped parts are watched at once, memory mapped into it later by a call seen here (below) from that call's return; duplicate cookie, empty/wrapping range → `EINVAL`; ranges may overlap anything, other descriptors' included; a range another library's userfaultfd owns → `EBUSY` |
 //! | `ioctl(UMMUNOTIFY_UNREGISTER_REGION)` | unknown cookie → `EINVAL` |
 //! | other ioctls | `FIONBIO` sets non-blocking; anything else `ENOTTY` |
 //! | `read` | 32-byte INVAL records (HINT rules of 2010), then LAST carrying the counter when the queue drained; at most one page; `EAGAIN` with `O_NONBLOCK`, blocks otherwise (`EINTR` on a signal); a buffer smaller than one record → `EINVAL` |
@@ -28,9 +28,9 @@
 //! tied to the old address space, so it was inert). Threads: the interposed paths take no lock of
 //! their own; descriptor lookups are lock-free (see `src/table.rs`).
 //!
-//! Limits: two descriptors each have their own userfaultfd context, and the kernel refuses to
-//! watch one page from two contexts: overlapping ranges across descriptors fail with `EBUSY`
-//! (regions of one descriptor may overlap freely). Memory mapped into a registered hole by a call
+//! Limits: every descriptor's notifier shares the process's one userfaultfd context, so ranges of
+//! different descriptors may overlap as on the device; pages another library's userfaultfd
+//! context owns can not be watched (`EBUSY`). Memory mapped into a registered hole by a call
 //! that does not go through these symbols is not watched, and its later unmap is not reported
 //! (the device saw it): a raw `mmap` syscall, glibc's internal `mmap`/`brk` inside `malloc`, and
 //! mappings this library makes itself (`src/mapping.rs`; the guest suite's

@@ -57,6 +57,16 @@ pub(crate) fn end_message(counter: &AtomicU64) {
     counter.fetch_add(BUSY, Release);
 }
 
+/// Monitor, instead of [`end_message`] for a message that changed nothing this notifier's
+/// checks can see (it hit none of its regions): the counter returns to its value before
+/// [`begin_message`]. A checker that waited the busy value out compares equal again, which is
+/// right: no validity word changed. Release, as `end_message`: the message's bookkeeping
+/// (in-flight windows, moved watches) is published to a reader that Acquire-loads the value.
+#[inline]
+pub(crate) fn cancel_message(counter: &AtomicU64) {
+    counter.fetch_sub(BUSY, Release);
+}
+
 /// The 2010 notification count (a word of its own, see [`Notifier::notifications`]): the
 /// monitor counts the message it is about to dequeue *before* the `read()` that releases the
 /// unmapping thread, so a program loading the word after that call returned sees the increment

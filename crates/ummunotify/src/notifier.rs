@@ -220,6 +220,9 @@ pub struct Stats {
     pub removes_by_grace: u64,
     /// `REMOVE`s in flight now.
     pub removes_in_flight: usize,
+    /// Watch requests userfaultfd refused because another context owns the pages (`EBUSY`),
+    /// taken by the hooks alone (hybrid backend only; raw syscalls on them are not seen).
+    pub hooks_only_watches: u64,
 }
 
 /// The core's state, shared with the backend's delivery (as its [`Sink`]).
@@ -246,6 +249,8 @@ pub(crate) struct Shared {
     /// `Registry::holes`, readable without the lock: [`Notifier::mapped`] returns at once while
     /// it is 0. Raised before the holes are looked for (see `register_impl`).
     holes: AtomicUsize,
+    /// The message being applied made the readiness fd readable (monitor only).
+    readied_by_message: AtomicBool,
 }
 
 /// Proof that the index lock is held, and the only way to reach slot data.
@@ -760,6 +765,7 @@ impl Notifier {
             fail_next: AtomicBool::new(false),
             message_hit: AtomicBool::new(false),
             holes: AtomicUsize::new(0),
+            readied_by_message: AtomicBool::new(false),
         });
         let fork_slot = fork::Slot::new(shared.counter.addr()).ok_or(Error::Os {
             op: "fork registration",
@@ -1402,6 +1408,7 @@ impl Notifier {
             removes_confirmed: inflight.0,
             removes_by_grace: inflight.1,
             removes_in_flight: inflight.2,
+            hooks_only_watches: sh.watcher.hooks_only(),
         }
     }
 
@@ -1430,7 +1437,10 @@ impl Notifier {
 
 impl AsFd for Notifier {
     /// Readable while events are pending — and already while the monitor is taking a message, so
-    /// a `poll` with timeout 0 right after an unmapping call returned sees it.
+    /// a `poll` with timeout 0 right after an unmapping call returned sees it. On userfaultfd the
+    /// process's one context hands every notifier every message: a notifier with regions is
+    /// readable while any message is being taken, and the readiness is withdrawn again when the
+    /// message hit none of its regions (a `read_events` in between finds nothing).
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.shared.ready_fd.as_fd()
     }
@@ -1464,7 +1474,14 @@ impl Sink for Shared {
         let mut l = self.lock_index();
         generation::begin_message(self.counter());
         generation::count_notification(self.counter.notification_word());
-        self.signal_ready(&mut l);
+        // With no region registered, no event can be owed to a call that returned: a region
+        // registered while this message is applied gets its readiness from `apply`. (The
+        // process's context hands every notifier every message: idle ones stay quiet.)
+        let owed = !l.st.tree.is_empty();
+        self.readied_by_message.store(owed && !l.st.ready, Relaxed);
+        if owed {
+            self.signal_ready(&mut l);
+        }
     }
 
     /// The monitor's step 5 for one message (see `crate::generation`).
@@ -1513,10 +1530,25 @@ impl Sink for Shared {
     }
 
     /// Monitor step 6 (the notification count settled first).
+    ///
+    /// One context serves every notifier of the process, so most messages a notifier is handed
+    /// concern other notifiers' pages. A message that hit none of this notifier's regions
+    /// changed nothing a check can see: its counter goes back to the value before `begin`
+    /// (so `unchanged_since` and the cache's fast path stay true), and the readiness `begin`
+    /// raised is taken back if the queue is still empty.
     fn end(&self) {
         let hit = self.message_hit.swap(false, Relaxed);
         generation::settle_notification(self.counter.notification_word(), hit);
-        generation::end_message(self.counter());
+        if hit {
+            generation::end_message(self.counter());
+            return;
+        }
+        let mut l = self.lock_index();
+        if self.readied_by_message.load(Relaxed) && l.st.ready && l.st.head == NIL {
+            sys::eventfd_drain(self.ready_fd.as_fd());
+            l.st.ready = false;
+        }
+        generation::cancel_message(self.counter());
     }
 
     /// The hooks backend's event path: the monitor's steps 2–5 under one hold of the index lock

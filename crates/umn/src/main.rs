@@ -12,7 +12,7 @@ usage: umn <command>
 
 commands:
   doctor             which backends work here, which kernel features exist, what is missing
-  coverage [--json] [--backend auto|uffd|hooks]
+  coverage [--json] [--backend auto|uffd|hooks|hybrid]
                      run every kind of mapping change against the notifier (each in a child
                      process, on the backend asked for: auto = userfaultfd where it starts,
                      else hooks) and report per kind: detected, expected (can this backend see
@@ -52,7 +52,7 @@ fn main() -> ExitCode {
                             Some(b) => asked = b,
                             None => {
                                 eprint!(
-                                    "umn coverage: --backend needs auto, uffd or hooks\n{USAGE}"
+                                    "umn coverage: --backend needs auto, uffd, hooks or hybrid\n{USAGE}"
                                 );
                                 return ExitCode::from(2);
                             }
@@ -122,6 +122,15 @@ fn main() -> ExitCode {
                 }
                 Err(e) => {
                     eprintln!("umn bench: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        [bench::CHILD_SUBCOMMAND, backend, rest @ ..] => {
+            match bench::child_main(backend, rest.contains(&"--quick")) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("umn bench ({backend}): {e}");
                     ExitCode::FAILURE
                 }
             }

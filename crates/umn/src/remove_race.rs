@@ -9,7 +9,8 @@
 //! is the residual, and this row measures it instead of leaving it silent.
 //!
 //! The measurement is a short stress per [`RemoveKind`] (madvise DONTNEED / FREE /
-//! DONTNEED_LOCKED / REMOVE, glibc and raw syscall alternately, `process_madvise`,
+//! DONTNEED_LOCKED / REMOVE, glibc and raw syscall alternately (raw only under hybrid, whose
+//! hooks bracket the glibc calls), `process_madvise`,
 //! `IORING_OP_MADVISE`), run in a child process: a changer drops one buffer after another and
 //! stamps it anew; a register thread registers a buffer, pins it (io_uring fixed buffer) and uses
 //! it; a re-arm thread keeps every buffer registered and pinned and re-pins each one the moment
@@ -444,7 +445,15 @@ fn stress(kind: RemoveKind, secs: f64) -> io::Result<KindResult> {
     let skipped = |e: &io::Error| {
         ummunotify_testkit::require::missing_feature(e).map(|m| m.feature().to_string())
     };
+    // Under hybrid the hooks bracket every glibc call (invalidated in the calling thread before
+    // and after it, no REMOVE message): only a call no hook sees opens the window, so every
+    // call is raw there, and the row measures what userfaultfd still has to close.
+    let raw_only = matches!(
+        ummunotify::Backend::from_env(),
+        Ok(ummunotify::Backend::Hybrid)
+    );
     let mut remover = match Remover::new(kind) {
+        Ok(r) if raw_only => r.raw_only(),
         Ok(r) => r,
         Err(e) => match skipped(&e) {
             Some(why) => {

@@ -152,6 +152,27 @@ fn every_libc_kind_is_detected_by_the_hooks_backend() {
     assert!(status.success(), "{status}: {json}");
 }
 
+/// The hybrid backend: what either half sees, so every kind but the changes to a shared
+/// mapping's file (shmdt, MADV_GUARD_INSTALL and MADV_COLLAPSE through the hooks; raw syscalls,
+/// process_madvise and io_uring through userfaultfd).
+#[test]
+fn every_kind_but_file_changes_is_detected_by_the_hybrid_backend() {
+    let (cases, json, status) = coverage_on(&["--backend", "hybrid"], "hybrid");
+    judge(&cases, &json, ChangeKind::hybrid_reports);
+    for k in [
+        ChangeKind::Shmdt,
+        ChangeKind::SyscallMunmap,
+        ChangeKind::UringMadvise,
+        ChangeKind::FreeMallocBlock,
+    ] {
+        assert!(
+            cases.iter().any(|c| c.kind == k && c.detected),
+            "{k}: {json}"
+        );
+    }
+    assert!(status.success(), "{status}: {json}");
+}
+
 #[test]
 fn doctor_reports_a_working_backend() {
     let out = Command::new(env!("CARGO_BIN_EXE_umn"))

@@ -66,6 +66,8 @@
 //! With a probe, the notifier's counter carries [`crate::generation::PULL`] and every check
 //! pulls first; without one the fast path stays one load and one compare.
 pub(crate) mod hooks;
+mod hybrid;
+pub(crate) mod table;
 pub(crate) mod uffd;
 
 use std::sync::Arc;
@@ -86,27 +88,34 @@ pub enum Backend {
     /// libc's unmapping calls patched in the calling thread (x86-64, dynamic glibc): works
     /// where userfaultfd is denied; misses raw syscalls and io_uring.
     Hooks,
+    /// Hooks in front of userfaultfd: libc's calls are caught in the calling thread, which
+    /// removes the userfaultfd watch from their pages before calling through (no message, no
+    /// round trip); userfaultfd still sees raw syscalls, io_uring and `process_madvise`; pages
+    /// another userfaultfd owns are watched by the hooks alone.
+    Hybrid,
 }
 
 /// The environment variable [`Notifier::new`](crate::Notifier::new) reads.
 pub const BACKEND_ENV: &str = "UMN_BACKEND";
 
 impl Backend {
-    /// The name `UMN_BACKEND` and `umn` use: `auto`, `uffd`, `hooks`.
+    /// The name `UMN_BACKEND` and `umn` use: `auto`, `uffd`, `hooks`, `hybrid`.
     pub fn name(self) -> &'static str {
         match self {
             Backend::Auto => "auto",
             Backend::Userfaultfd => "uffd",
             Backend::Hooks => "hooks",
+            Backend::Hybrid => "hybrid",
         }
     }
 
-    /// Parses `auto`, `uffd` (or `userfaultfd`), `hooks`.
+    /// Parses `auto`, `uffd` (or `userfaultfd`), `hooks`, `hybrid`.
     pub fn from_name(name: &str) -> Option<Backend> {
         match name.trim() {
             "auto" | "" => Some(Backend::Auto),
             "uffd" | "userfaultfd" => Some(Backend::Userfaultfd),
             "hooks" => Some(Backend::Hooks),
+            "hybrid" => Some(Backend::Hybrid),
             _ => None,
         }
     }
@@ -149,6 +158,12 @@ pub(crate) trait Watcher: Send + Sync {
     /// Whether a watch splits the VMA it lies in (so the watch policy's VMA budget applies).
     fn splits_vmas(&self) -> bool;
 
+    /// Watch requests the kernel refused because another userfaultfd owns the pages and that
+    /// the hooks took alone (hybrid only).
+    fn hooks_only(&self) -> u64 {
+        0
+    }
+
     /// The pull-at-check-time probe, for backends that need one (see [`crate::sink::Probe`]).
     /// `None` (push delivery only) keeps the checks' one-load fast path.
     fn probe(&self) -> Option<Box<dyn Probe>> {
@@ -184,16 +199,31 @@ pub(crate) fn open(
             .clone()
             .map(|how| (hooks::watcher(), Backend::Hooks, how))
     };
-    let uffd = |u: uffd::Uffd, why: &str| {
-        let how = format!("{why}userfaultfd, opened with {}", u.how());
-        (uffd::watcher(u), Backend::Userfaultfd, how)
+    let uffd = |c: Arc<uffd::Context>, why: &str| {
+        let how = format!(
+            "{why}userfaultfd, the process's one context, opened with {}",
+            c.how()
+        );
+        (uffd::watcher(c), Backend::Userfaultfd, how)
     };
     match backend {
-        Backend::Userfaultfd => Ok(uffd(uffd::Uffd::open()?, "asked for ")),
+        Backend::Userfaultfd => Ok(uffd(uffd::Context::shared()?, "asked for ")),
+        Backend::Hybrid => {
+            let ctx = uffd::Context::shared()?;
+            let how = hooks::install()
+                .clone()
+                .map_err(|reason| crate::Unsupported::Hooks { reason })?;
+            let why = format!(
+                "asked for hybrid: hooks in front of userfaultfd (the process's one context, \
+                 opened with {}); {how}",
+                ctx.how()
+            );
+            Ok((hybrid::watcher(ctx), Backend::Hybrid, why))
+        }
         Backend::Hooks => hooks()
             .map(|(w, b, how)| (w, b, format!("asked for hooks: {how}")))
             .map_err(|reason| crate::Unsupported::Hooks { reason }),
-        Backend::Auto => match uffd::Uffd::open() {
+        Backend::Auto => match uffd::Context::shared() {
             Ok(u) => Ok(uffd(u, "auto: ")),
             Err(e) => match hooks() {
                 Ok((w, b, how)) => Ok((
@@ -234,5 +264,37 @@ pub struct BackendReport {
 /// Probing the hooks backend installs it (patches libc in this process, for good: with no hooks
 /// notifier alive that costs each hooked libc call a few loads).
 pub fn probe() -> Vec<BackendReport> {
-    vec![uffd::probe(), hooks::probe()]
+    let (u, h) = (uffd::probe(), hooks::probe());
+    let status = match (&u.status, &h.status) {
+        (Ok(_), Ok(_)) => Ok("ok: hooks in front of userfaultfd (both below work)".to_string()),
+        (Err(e), _) => Err(crate::Unsupported::Hooks {
+            reason: format!("needs userfaultfd, which can not start: {e}"),
+        }),
+        (_, Err(e)) => Err(crate::Unsupported::Hooks {
+            reason: format!("needs the hooks, which can not be installed: {e}"),
+        }),
+    };
+    let auto = match (&u.status, &h.status) {
+        (Ok(_), _) => {
+            "auto picks userfaultfd (it starts here); hybrid is chosen by name".to_string()
+        }
+        (Err(_), Ok(_)) => "auto picks hooks: userfaultfd can not start here".to_string(),
+        (Err(_), Err(_)) => "auto has no backend here".to_string(),
+    };
+    let hybrid = BackendReport {
+        name: "hybrid",
+        status,
+        kernel_features: Vec::new(),
+        notes: vec![
+            "libc calls caught in the calling thread, which removes the userfaultfd watch from \
+             their pages before calling through (no message, no round trip); raw syscalls, \
+             io_uring, process_madvise still reach userfaultfd; shmdt seen by the hooks"
+                .to_string(),
+            "pages another userfaultfd owns (EBUSY: another library's monitor) are watched by \
+             the hooks alone: each notifier counts them in Stats::hooks_only_watches"
+                .to_string(),
+            auto,
+        ],
+    };
+    vec![u, h, hybrid]
 }

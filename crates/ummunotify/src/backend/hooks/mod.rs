@@ -68,12 +68,13 @@ mod maps;
 #[cfg(target_arch = "x86_64")]
 mod patch;
 
-use std::sync::atomic::Ordering::{Acquire, Relaxed, SeqCst};
-use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicUsize};
+use std::sync::atomic::AtomicI32;
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 use std::sync::{Arc, OnceLock};
 
 pub(crate) use filter::{maybe_watched, Watch};
 
+use super::table::{Place, SinkTable};
 use super::{Delivery, Watcher};
 use crate::sink::Sink;
 
@@ -107,26 +108,25 @@ impl Watcher for HooksWatcher {
     }
 
     fn deliver(&self, sink: Arc<dyn Sink>) -> crate::Result<Box<dyn Delivery>> {
-        let p = Published::publish(sink).ok_or(crate::Error::Os {
-            op: "hooks registration",
-            source: std::io::Error::other("too many live hooks notifiers in this process"),
-        })?;
-        Ok(Box::new(p))
+        publish(sink)
     }
+}
+
+/// Hands `sink` to the hooks (every hooked call on its watched pages calls its
+/// `invalidate_in_thread`) until the returned delivery stops.
+pub(crate) fn publish(sink: Arc<dyn Sink>) -> crate::Result<Box<dyn Delivery>> {
+    let p = Published::publish(sink).ok_or(crate::Error::Os {
+        op: "hooks registration",
+        source: std::io::Error::other("too many live hooks notifiers in this process"),
+    })?;
+    Ok(Box::new(p))
 }
 
 // ---------------------------------------------------------------------------------------------
 // The sinks: the notifiers hooks deliver to.
 
-const MAX_SINKS: usize = 64;
-/// A published sink (boxed: the table holds thin pointers).
-struct SinkRef(Arc<dyn Sink>);
-static SINKS: [AtomicPtr<SinkRef>; MAX_SINKS] =
-    [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_SINKS];
-/// Hooks using slot `i` right now.
-static USERS: [AtomicUsize; MAX_SINKS] = [const { AtomicUsize::new(0) }; MAX_SINKS];
-/// Slots ever used (the hooks scan `0..HIGH`).
-static HIGH: AtomicUsize = AtomicUsize::new(0);
+/// The hooks notifiers of the process.
+static SINKS: SinkTable<64> = SinkTable::new();
 /// The process that published the sinks (a forked child has another pid).
 static OWNER: AtomicI32 = AtomicI32::new(0);
 
@@ -145,21 +145,7 @@ pub(crate) fn invalidate(start: u64, end: u64, unmap: bool, again: bool) {
     if OWNER.load(Relaxed) != getpid_raw() {
         return; // a forked child: its registrations are poisoned, and locks may be held
     }
-    let high = HIGH.load(Acquire).min(MAX_SINKS);
-    for i in 0..high {
-        if SINKS[i].load(Relaxed).is_null() {
-            continue;
-        }
-        USERS[i].fetch_add(1, SeqCst);
-        let p = SINKS[i].load(SeqCst);
-        if !p.is_null() {
-            // SAFETY: a non-null slot is a live `SinkRef`: `Published::drop` clears the slot and
-            // then waits until `USERS[i]` is zero before freeing it, and our increment (SeqCst)
-            // came before this load.
-            unsafe { (*p).0.invalidate_in_thread(start, end, unmap, again) };
-        }
-        USERS[i].fetch_sub(1, SeqCst);
-    }
+    SINKS.for_each(|sink| sink.invalidate_in_thread(start, end, unmap, again));
 }
 
 extern "C" fn fork_prepare() {
@@ -175,10 +161,7 @@ extern "C" fn fork_parent() {
 }
 
 extern "C" fn fork_child() {
-    for (s, u) in SINKS.iter().zip(&USERS) {
-        s.store(std::ptr::null_mut(), SeqCst);
-        u.store(0, SeqCst);
-    }
+    SINKS.clear_in_child();
     filter::fork_release();
 }
 
@@ -198,33 +181,14 @@ static INSTALLING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool
 
 /// A notifier's place in the sink table ([`Delivery`] of the hooks backend); leaving it waits
 /// for hooks still inside.
-struct Published {
-    slot: usize,
-    sink: *mut SinkRef,
-}
-
-// SAFETY: `sink` is a `Box<SinkRef>` owned by this entry (freed only in `drop`); `SinkRef` is
-// `Send + Sync` (an `Arc<dyn Sink>`, and `Sink: Send + Sync`).
-unsafe impl Send for Published {}
-// SAFETY: as above; `&Published` gives no access to the pointer.
-unsafe impl Sync for Published {}
+struct Published(Option<Place>);
 
 impl Published {
     /// Publishes `sink` to the hooks. `None` when the table is full.
     fn publish(sink: Arc<dyn Sink>) -> Option<Published> {
         guard_fork();
         OWNER.store(getpid_raw(), SeqCst);
-        let ptr = Box::into_raw(Box::new(SinkRef(sink)));
-        let Some(slot) = SINKS.iter().position(|s| {
-            s.compare_exchange(std::ptr::null_mut(), ptr, SeqCst, SeqCst)
-                .is_ok()
-        }) else {
-            // SAFETY: `ptr` came from `Box::into_raw` above and was published nowhere.
-            drop(unsafe { Box::from_raw(ptr) });
-            return None;
-        };
-        HIGH.fetch_max(slot + 1, SeqCst);
-        Some(Published { slot, sink: ptr })
+        SINKS.publish(sink).map(|p| Published(Some(p)))
     }
 }
 
@@ -238,14 +202,9 @@ impl Delivery for Published {
 
 impl Drop for Published {
     fn drop(&mut self) {
-        // Only clear our own entry (a forked child's table is empty already).
-        let _ = SINKS[self.slot].compare_exchange(self.sink, std::ptr::null_mut(), SeqCst, SeqCst);
-        while USERS[self.slot].load(SeqCst) != 0 {
-            std::thread::yield_now();
+        if let Some(p) = self.0.take() {
+            SINKS.retire(p);
         }
-        // SAFETY: from `Box::into_raw` in `publish`; no hook can reach it any more (the slot
-        // no longer holds it and no user of the slot is left).
-        drop(unsafe { Box::from_raw(self.sink) });
     }
 }
 

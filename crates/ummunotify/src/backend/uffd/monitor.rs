@@ -14,9 +14,10 @@ use std::sync::atomic::{AtomicBool, AtomicI32, Ordering::SeqCst};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use super::{decode, sys, Uffd};
-use crate::backend::{Delivery, Invalidation};
-use crate::sink::{Sink, WindowEnd};
+use super::{decode, sys, Inner, MAX_SINKS};
+use crate::backend::table::Held;
+use crate::backend::Invalidation;
+use crate::sink::WindowEnd;
 use crate::sys::{gettid, poll_readable, SignalsBlocked};
 
 /// What the monitor thread and its owner share: the stop request and the thread's tid.
@@ -27,23 +28,20 @@ struct Control {
     tid: AtomicI32,
 }
 
-/// A running monitor thread ([`Delivery`] of the userfaultfd backend).
+/// The running monitor thread of a context (one per process).
 pub(crate) struct Monitor {
     handle: JoinHandle<()>,
     control: Arc<Control>,
 }
 
-impl Delivery for Monitor {
-    fn monitor_tid(&self) -> i32 {
+impl Monitor {
+    pub(crate) fn tid(&self) -> i32 {
         self.control.tid.load(SeqCst)
     }
 
-    fn stop(self: Box<Self>, forked: bool) {
-        if forked {
-            // The monitor thread does not exist in a child; joining it would never return.
-            std::mem::forget(self);
-            return;
-        }
+    /// Stops the thread (it closes the context first) and waits for it. Not in a forked child:
+    /// the thread does not exist there.
+    pub(crate) fn stop(self) {
         self.control.stopping.store(true, SeqCst);
         crate::sys::eventfd_signal(self.control.stop_fd.as_fd());
         let _ = self.handle.join();
@@ -64,7 +62,7 @@ impl Delivery for Monitor {
 /// again. So the closure first records its tid, then tells the spawner it runs, and `spawn`
 /// waits for that: every mapping the thread will make (its stack, TLS, signal stack) exists
 /// before the notifier is handed out. The monitor makes none afterwards (it never allocates).
-pub(crate) fn spawn(uffd: Arc<Uffd>, sink: Arc<dyn Sink>) -> io::Result<Monitor> {
+pub(crate) fn spawn(inner: Arc<Inner>) -> io::Result<Monitor> {
     let control = Arc::new(Control {
         stop_fd: crate::sys::eventfd()?,
         stopping: AtomicBool::new(false),
@@ -82,9 +80,9 @@ pub(crate) fn spawn(uffd: Arc<Uffd>, sink: Arc<dyn Sink>) -> io::Result<Monitor>
                 crate::inflight::note_monitor(tid);
                 control.tid.store(tid, SeqCst);
                 spawner.unpark();
-                run(&uffd, &*sink, &control);
+                run(&inner, &control);
                 // Before this thread exits (unmapping its stack, freeing its TLS): see `Uffd`.
-                uffd.close_from_monitor();
+                inner.uffd.close_from_monitor();
                 // Dropped only now: the last reference to a thread handle frees it, and the
                 // event path never frees.
                 drop(spawner);
@@ -97,53 +95,71 @@ pub(crate) fn spawn(uffd: Arc<Uffd>, sink: Arc<dyn Sink>) -> io::Result<Monitor>
     Ok(Monitor { handle, control })
 }
 
-fn run(uffd: &Uffd, sink: &dyn Sink, control: &Control) {
+/// The loop: every message goes to every sink the context serves at that moment, each with
+/// its own begin before the read and its end after the message was applied.
+fn run(inner: &Inner, control: &Control) {
+    let uffd = &inner.uffd;
     let mut msg = sys::UffdMsg::default();
+    // Allocated once, before the loop (MAX_SINKS pointer pairs): the event path never does.
+    let mut held = Box::new(Held::<MAX_SINKS>::new());
     let mut dead = false;
-    // The loop ends only when the notifier is dropped: exiting earlier would close the context
-    // under user threads that still use its fd (see `Uffd`), so failures make it dead instead.
+    // The loop ends only when the context is dropped: exiting earlier would close it under
+    // user threads that still use its fd (see `Uffd`), so failures make it dead instead.
     loop {
         let (uffd_ready, stop) = match poll_readable(uffd.fd(), control.stop_fd.as_fd()) {
             Ok(r) => r,
             Err(_) => {
                 // Can not happen while our fds are open; if it does, every check fails from now
                 // on and we keep trying (slowly) so that unmapping threads are still released.
-                sink.kill();
-                dead = true;
+                die(inner, &mut dead);
                 std::thread::sleep(std::time::Duration::from_millis(1));
                 (true, control.stopping.load(SeqCst))
             }
         };
         if uffd_ready && !(dead && stop) {
             if dead {
-                // Keep releasing unmapping threads; the counter says DEAD already.
+                // Keep releasing unmapping threads; every sink's counter says DEAD already,
+                // and one that joined since is killed too.
+                inner.sinks.for_each(|s| s.kill());
                 let _ = sys::read_one(uffd.fd(), &mut msg);
                 continue;
             }
-            sink.begin();
+            // The set of sinks for this message: one joining after this point missed nothing
+            // it could have watched (its watch came after the change the message reports).
+            inner.sinks.hold_all(&mut held);
+            held.each(|s| s.begin());
             match sys::read_one(uffd.fd(), &mut msg) {
                 Ok(Some(())) => {
                     let inv = decode(&msg);
-                    // A REMOVE's zap comes after this read: a window the in-flight protocol
-                    // ends (userfaultfd sends no "end").
-                    // (`__testing::disable_remove_in_flight` turns this off, as before issue 9.)
-                    if let Invalidation::Remove { start, end } = inv {
-                        if !crate::inflight::disabled() {
-                            sink.window_open(start, end, WindowEnd::Learnt);
+                    // Sink by sink, so each one's end (which takes back what `begin` showed
+                    // when the message hit none of its regions) comes as early as it can.
+                    held.each(|s| {
+                        // A REMOVE's zap comes after this read: a window the in-flight
+                        // protocol ends (userfaultfd sends no "end").
+                        // (`__testing::disable_remove_in_flight` turns this off, as before
+                        // issue 9.)
+                        if let Invalidation::Remove { start, end } = inv {
+                            if !crate::inflight::disabled() {
+                                s.window_open(start, end, WindowEnd::Learnt);
+                            }
                         }
-                    }
-                    if catch_unwind(AssertUnwindSafe(|| sink.apply(inv))).is_err() {
-                        sink.kill();
-                        dead = true;
-                    }
+                        // A panic (fault injection) kills that notifier only.
+                        if catch_unwind(AssertUnwindSafe(|| s.apply(inv))).is_err() {
+                            s.kill();
+                        }
+                        s.end();
+                    });
                 }
-                Ok(None) => {}
+                Ok(None) => held.each(|s| s.end()),
                 Err(_) => {
-                    sink.kill();
-                    dead = true;
+                    held.each(|s| {
+                        s.kill();
+                        s.end();
+                    });
+                    die(inner, &mut dead);
                 }
             }
-            sink.end();
+            inner.sinks.release(&mut held);
             // Messages first: a stop request waits until no unmapping thread is left waiting.
             continue;
         }
@@ -151,4 +167,11 @@ fn run(uffd: &Uffd, sink: &dyn Sink, control: &Control) {
             return;
         }
     }
+}
+
+/// The context can not deliver any more: every sink is dead, and no new notifier joins it.
+fn die(inner: &Inner, dead: &mut bool) {
+    inner.dead.store(true, SeqCst);
+    inner.sinks.for_each(|s| s.kill());
+    *dead = true;
 }
