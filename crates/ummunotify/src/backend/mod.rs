@@ -21,6 +21,7 @@
 //! The hooks backend ([`hooks`]) meets the contract differently for point 1: there is no
 //! monitor and no message; the thread making the change invalidates the regions itself, before
 //! its syscall and again after it (see its module doc).
+pub mod ebpf;
 pub(crate) mod hooks;
 pub(crate) mod uffd;
 
