@@ -1,6 +1,7 @@
 //! The eBPF backend's mechanism against the real kernel: programs loaded here (root), ranges
-//! registered in this process's area, changes made with real syscalls, and the catalogue's
-//! pinned-page oracles; the daemon path from an unprivileged child process.
+//! registered in this process's area, changes made with real syscalls; the daemon path from an
+//! unprivileged child process. (The whole catalogue, judged by the pinned-page oracles, runs
+//! through `umn coverage --backend ebpf`: crates/umn/tests/coverage.rs.)
 //!
 //! Needs root with bpf(2) and the syscall tracepoints; a missing feature skips loudly (and
 //! fails under `UMN_REQUIRE_ALL=1`, as in CI).
@@ -11,7 +12,6 @@ use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::{Arc, OnceLock};
 
 use ummunotify::ebpf::{Area, Daemon, Ticket};
-use ummunotify_testkit::changes::{run_case, ChangeKind, Watcher};
 use ummunotify_testkit::require::{or_skip, MissingFeature};
 
 const PAGE: usize = 4096;
@@ -117,86 +117,6 @@ fn unregistered_memory_and_harmless_calls_touch_nothing() {
     a.unregister(t);
     // SAFETY: our mapping.
     unsafe { libc::munmap(p.cast(), 4 * PAGE) };
-}
-
-/// The catalogue's watcher over an area: one ticket per case.
-struct AreaWatcher<'a> {
-    area: &'a Area,
-    ticket: Option<Ticket>,
-    since: u64,
-}
-
-impl Watcher for AreaWatcher<'_> {
-    fn watch(&mut self, range: std::ops::Range<usize>) -> Result<(), String> {
-        self.since = self.area.generation();
-        let t = self
-            .area
-            .register(range.start as u64, range.end as u64)
-            .map_err(|e| e.to_string())?;
-        self.ticket = Some(t);
-        Ok(())
-    }
-    fn is_valid(&mut self) -> bool {
-        self.ticket.is_some_and(|t| self.area.is_valid(t))
-    }
-    fn counter_moved(&mut self) -> bool {
-        self.area.generation() != self.since
-    }
-    fn events(&mut self) -> Vec<(std::ops::Range<usize>, bool)> {
-        self.ticket
-            .and_then(|t| self.area.take_change(t))
-            .map(|r| vec![(r.start as usize..r.end as usize, true)])
-            .unwrap_or_default()
-    }
-    fn unwatch(&mut self) {
-        if let Some(t) = self.ticket.take() {
-            self.area.unregister(t);
-        }
-    }
-    fn expects(&self, kind: ChangeKind) -> bool {
-        kind.ebpf_reports()
-    }
-}
-
-/// Every catalogue kind but brk (it needs a process of its own; `umn coverage --backend ebpf`
-/// runs it): the kinds eBPF sees read invalid with no stale use, by the pinned-page oracles;
-/// the ones it can not see (io_uring, hole punch, truncation) stay valid, as documented.
-#[test]
-fn catalogue_kinds_are_seen_as_the_ebpf_column_says() {
-    let Some(a) = area("catalogue") else { return };
-    let mut failures = Vec::new();
-    for &kind in ChangeKind::ALL {
-        if kind.needs_own_process() {
-            continue;
-        }
-        let mut w = AreaWatcher {
-            area: &a,
-            ticket: None,
-            since: 0,
-        };
-        let Some(rep) = or_skip(kind.name(), run_case(kind, &mut w)) else {
-            continue;
-        };
-        let expected = kind.ebpf_reports();
-        if rep.inconclusive.is_some() {
-            continue;
-        }
-        if !rep.problems.is_empty() {
-            failures.push(format!("{kind}: problems {:?}", rep.problems));
-        }
-        if expected && (!rep.detected || rep.stale_uses > 0) {
-            failures.push(format!(
-                "{kind}: expected, detected {} stale {}",
-                rep.detected, rep.stale_uses
-            ));
-        }
-        if !expected && rep.detected {
-            failures.push(format!(
-                "{kind}: the column says missed, but it was detected"
-            ));
-        }
-    }
-    assert!(failures.is_empty(), "{failures:#?}");
 }
 
 /// Issue 9's problem: a range registered after a call's entry program ran (so it was not

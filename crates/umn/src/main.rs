@@ -12,7 +12,7 @@ usage: umn <command>
 
 commands:
   doctor             which backends work here, which kernel features exist, what is missing
-  coverage [--json] [--backend auto|uffd|hooks]
+  coverage [--json] [--backend auto|uffd|hooks|ebpf]
                      run every kind of mapping change against the notifier (each in a child
                      process, on the backend asked for: auto = userfaultfd where it starts,
                      else hooks) and report per kind: detected, expected (can this backend see
@@ -41,16 +41,21 @@ fn main() -> ExitCode {
         ["coverage", rest @ ..] => {
             let mut json = false;
             let mut asked = ummunotify::Backend::Auto;
+            let mut ebpf = false;
             let mut it = rest.iter();
             while let Some(a) = it.next() {
                 match *a {
                     "--json" => json = true,
+                    "--backend" if it.clone().next() == Some(&coverage::EBPF) => {
+                        it.next();
+                        ebpf = true;
+                    }
                     "--backend" => {
                         match it.next().and_then(|b| ummunotify::Backend::from_name(b)) {
                             Some(b) => asked = b,
                             None => {
                                 eprint!(
-                                    "umn coverage: --backend needs auto, uffd or hooks\n{USAGE}"
+                                    "umn coverage: --backend needs auto, uffd, hooks or ebpf\n{USAGE}"
                                 );
                                 return ExitCode::from(2);
                             }
@@ -69,6 +74,20 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
+            if ebpf {
+                // Fail before the table when the mechanism can not start at all.
+                if let Err(e) = ummunotify::ebpf::Area::shared() {
+                    eprintln!("umn coverage: backend ebpf can not start: {e}");
+                    return ExitCode::FAILURE;
+                }
+                let rows = coverage::run_all_ebpf(&exe);
+                if json {
+                    println!("{}", coverage::to_json(coverage::EBPF, &rows));
+                } else {
+                    print!("{}", coverage::to_table(coverage::EBPF, &rows));
+                }
+                return ExitCode::from(coverage::exit_status(&rows));
+            }
             let backend = match coverage::resolve(asked) {
                 Ok(b) => b,
                 Err(e) => {

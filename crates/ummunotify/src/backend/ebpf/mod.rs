@@ -552,6 +552,25 @@ impl Area {
     }
 }
 
+impl std::fmt::Debug for Area {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Area")
+            .field("base", &self.base)
+            .field("pid", &self.pid)
+            .field("local", &self.is_local())
+            .field("generation", &self.generation())
+            .finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for Programs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Programs")
+            .field("tracepoints", &self.attached)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Drop for Area {
     fn drop(&mut self) {
         if let Owner::Local(p) = &self.owner {
