@@ -19,11 +19,29 @@ commands:
                      it at all), stale uses, which oracle judged; exit 0 = all expected kinds
                      detected with no stale use, 1 = a miss, stale use or problem,
                      3 = some case inconclusive (could not run; not a verdict)
+  daemon [--socket PATH]
+                     (root) load the eBPF programs once for this node and hand each process
+                     that connects its area over a Unix socket (default
+                     /run/ummunotify/ebpf.sock, or UMN_EBPF_SOCKET); runs in the foreground
+                     until killed (a systemd unit: docs/umn-daemon.service)
   demo               the x == y story with io_uring fixed buffers: a naive cache writes stale
                      bytes, the ummunotify cache does not
   bench [--json]     cache and notifier costs as ratios to baselines measured in the same run
                      (build with --release)
 ";
+
+/// `umn daemon`: load, bind, say so on stderr (the journal), serve until killed.
+fn daemon(path: &std::path::Path) -> std::io::Result<()> {
+    use ummunotify::ebpf::Daemon;
+    let d = Daemon::new()?;
+    let listener = Daemon::bind(path)?;
+    eprintln!(
+        "umn daemon: {} tracepoints attached; serving areas on {}",
+        d.programs().tracepoints().len(),
+        path.display()
+    );
+    d.serve(listener)
+}
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -111,6 +129,25 @@ fn main() -> ExitCode {
             }
             None => ExitCode::FAILURE,
         },
+        ["daemon", rest @ ..] => {
+            let path = match rest {
+                [] => std::env::var_os(ummunotify::ebpf::SOCKET_ENV)
+                    .unwrap_or_else(|| ummunotify::ebpf::DEFAULT_SOCKET.into())
+                    .into(),
+                ["--socket", p] => std::path::PathBuf::from(p),
+                _ => {
+                    eprint!("{USAGE}");
+                    return ExitCode::from(2);
+                }
+            };
+            match daemon(&path) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("umn daemon: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         ["demo"] => match demo::run() {
             Ok(true) => ExitCode::SUCCESS,
             Ok(false) => ExitCode::FAILURE,

@@ -200,5 +200,5 @@ pub struct BackendReport {
 /// Probing the hooks backend installs it (patches libc in this process, for good: with no hooks
 /// notifier alive that costs each hooked libc call a few loads).
 pub fn probe() -> Vec<BackendReport> {
-    vec![uffd::probe(), hooks::probe()]
+    vec![uffd::probe(), hooks::probe(), ebpf::probe()]
 }

@@ -586,6 +586,98 @@ impl Drop for Area {
     }
 }
 
+fn cap_eff() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("CapEff:"))?;
+    u64::from_str_radix(line.split_whitespace().nth(1)?, 16).ok()
+}
+
+/// What `umn doctor` says about the eBPF backend: whether a daemon answers, whether this
+/// process could load the programs, and exactly what is missing otherwise.
+pub(crate) fn probe() -> super::BackendReport {
+    let mut notes = Vec::new();
+    let mut features = Vec::new();
+    let sock = std::env::var_os(SOCKET_ENV).unwrap_or_else(|| DEFAULT_SOCKET.into());
+    let sock = Path::new(&sock);
+    let daemon = Area::connect(sock);
+    match std::fs::read_to_string("/proc/sys/kernel/unprivileged_bpf_disabled") {
+        Ok(v) => notes.push(format!("kernel.unprivileged_bpf_disabled = {}", v.trim())),
+        Err(e) => notes.push(format!("/proc/sys/kernel/unprivileged_bpf_disabled: {e}")),
+    }
+    let caps = cap_eff().unwrap_or(0);
+    let (bpf, perfmon, admin) = (
+        caps >> 39 & 1 == 1,
+        caps >> 38 & 1 == 1,
+        caps >> 21 & 1 == 1,
+    );
+    let privileged = admin || (bpf && perfmon);
+    notes.push(format!(
+        "this process: CAP_BPF {bpf}, CAP_PERFMON {perfmon}, CAP_SYS_ADMIN {admin}{}",
+        if privileged {
+            ""
+        } else {
+            " (loading needs CAP_BPF and CAP_PERFMON, or root)"
+        }
+    ));
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    let tracing = mounts
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let (_, dir, fs) = (f.next(), f.next()?, f.next()?);
+            (fs == "tracefs").then(|| dir.to_string())
+        })
+        .next();
+    match tracing {
+        Some(t) => match std::fs::metadata(format!("{t}/events/syscalls/sys_enter_munmap")) {
+            Ok(_) => features.push("syscall-tracepoints"),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => notes.push(format!(
+                "{t}/events/syscalls/sys_enter_munmap is missing: the kernel lacks \
+                 CONFIG_FTRACE_SYSCALLS"
+            )),
+            Err(e) => notes.push(format!("tracefs at {t}: {e} (the loader needs root)")),
+        },
+        None => notes.push(
+            "tracefs is not mounted (the loader mounts it at /sys/kernel/tracing as root)".into(),
+        ),
+    }
+    let local = if privileged {
+        match Programs::load() {
+            Ok(p) => {
+                features.push("bpf-tracepoint-programs");
+                Ok(format!("{} tracepoints attach", p.tracepoints().len()))
+            }
+            Err(e) => Err(e.to_string()),
+        }
+    } else {
+        Err("not privileged".to_string())
+    };
+    let status = match (&daemon, &local) {
+        (Ok(_), _) => Ok(format!("ok: from umn daemon at {}", sock.display())),
+        (Err(_), Ok(how)) => Ok(format!("ok: loads its programs in this process ({how})")),
+        (Err(d), Err(l)) => Err(crate::Unsupported::Ebpf {
+            reason: format!("no umn daemon ({d}); loading here: {l}"),
+        }),
+    };
+    drop(daemon);
+    notes.push(format!(
+        "sees munmap, mremap, madvise (dropping advice), brk, mmap(MAP_FIXED), shmdt, \
+         shmat(SHM_REMAP), process_madvise, remap_file_pages: libc or raw, in the calling \
+         thread; {SLOTS} ranges per process"
+    ));
+    notes.push(
+        "does not see ia32 int $0x80 calls, io_uring IORING_OP_MADVISE, fallocate(PUNCH_HOLE), \
+         ftruncate; taxes every syscall of every process while attached"
+            .into(),
+    );
+    super::BackendReport {
+        name: "ebpf",
+        status,
+        kernel_features: features,
+        notes,
+    }
+}
+
 /// `umn daemon`'s server: the programs, and one area per connected process.
 pub struct Daemon {
     programs: Arc<Programs>,
