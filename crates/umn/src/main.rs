@@ -5,6 +5,7 @@ use umn::{coverage, doctor};
 
 mod bench;
 mod bench_c;
+mod bench_ebpf;
 mod demo;
 
 const USAGE: &str = "\
@@ -26,8 +27,9 @@ commands:
                      until killed (a systemd unit: docs/umn-daemon.service)
   demo               the x == y story with io_uring fixed buffers: a naive cache writes stale
                      bytes, the ummunotify cache does not
-  bench [--json]     cache and notifier costs as ratios to baselines measured in the same run
-                     (build with --release)
+  bench [--json] [--ebpf]
+                     cache and notifier costs as ratios to baselines measured in the same run
+                     (build with --release); --ebpf: only the eBPF backend's rows (root)
 ";
 
 /// `umn daemon`: load, bind, say so on stderr (the journal), serve until killed.
@@ -156,8 +158,18 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        ["bench", rest @ ..] if rest.iter().all(|a| *a == "--json" || *a == "--quick") => {
-            match bench::run(rest.contains(&"--quick")) {
+        ["bench", rest @ ..]
+            if rest
+                .iter()
+                .all(|a| matches!(*a, "--json" | "--quick" | "--ebpf")) =>
+        {
+            let quick = rest.contains(&"--quick");
+            let result = if rest.contains(&"--ebpf") {
+                bench_ebpf::rows(if quick { 200 } else { 2_000 })
+            } else {
+                bench::run(quick)
+            };
+            match result {
                 Ok(rows) => {
                     if rest.contains(&"--json") {
                         println!("{}", bench::to_json(&rows));
