@@ -83,6 +83,44 @@ fn registered_munmap_is_seen_before_it_returns_and_neighbours_stay_valid() {
     unsafe { libc::munmap(p.cast(), 6 * PAGE) };
 }
 
+/// Two calls on different parts of one range before anyone looks: the change reported covers
+/// both (a hint smaller than what changed would let a cache keep a stale part).
+#[test]
+fn the_reported_change_covers_every_call_since_the_last_look() {
+    let Some(a) = area("hint_union") else { return };
+    let p = map(8);
+    let t = reg(&a, p, 0, 8);
+    // SAFETY: our own mapping.
+    unsafe {
+        assert_eq!(
+            libc::madvise(p.add(PAGE).cast(), PAGE, libc::MADV_DONTNEED),
+            0
+        );
+        assert_eq!(
+            libc::madvise(p.add(5 * PAGE).cast(), 2 * PAGE, libc::MADV_DONTNEED),
+            0
+        );
+    }
+    let r = a.take_change(t).expect("a change");
+    let (b, e) = (p as u64 + PAGE as u64, p as u64 + 7 * PAGE as u64);
+    assert!(
+        r.start <= b && r.end >= e,
+        "{r:x?} does not cover {b:x}..{e:x}"
+    );
+    assert_eq!(a.take_change(t), None, "taken");
+    // SAFETY: our own mapping.
+    unsafe { assert_eq!(libc::munmap(p.add(3 * PAGE).cast(), PAGE), 0) };
+    let r = a.take_change(t).expect("a change");
+    assert_eq!(
+        r,
+        p as u64 + 3 * PAGE as u64..p as u64 + 4 * PAGE as u64,
+        "exactly the munmap"
+    );
+    a.unregister(t);
+    // SAFETY: the rest of our mapping.
+    unsafe { libc::munmap(p.cast(), 8 * PAGE) };
+}
+
 #[test]
 fn unregistered_memory_and_harmless_calls_touch_nothing() {
     let Some(a) = area("unregistered") else {

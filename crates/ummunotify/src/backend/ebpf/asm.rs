@@ -49,10 +49,13 @@ pub(crate) enum Size {
 pub(crate) enum Alu {
     Add = 0x00,
     Sub = 0x10,
+    Mul = 0x20,
+    Or = 0x40,
     And = 0x50,
     Lsh = 0x60,
     Rsh = 0x70,
     Mov = 0xb0,
+    Xor = 0xa0,
 }
 
 /// Conditional jumps (unsigned comparisons).
@@ -143,6 +146,21 @@ impl Asm {
     /// `lock *(u64 *)(dst + off) += src`
     pub(crate) fn atomic_add(&mut self, dst: Reg, off: i16, src: Reg) -> &mut Self {
         self.push(insn(STX | ATOMIC | Size::DW as u8, dst, src, off, 0))
+    }
+
+    /// `src = atomic_fetch_add((u64 *)(dst + off), src)` (a full barrier on x86: `lock xadd`)
+    pub(crate) fn atomic_fetch_add(&mut self, dst: Reg, off: i16, src: Reg) -> &mut Self {
+        self.push(insn(STX | ATOMIC | Size::DW as u8, dst, src, off, 0x01))
+    }
+
+    /// `lock *(u64 *)(dst + off) |= src`
+    pub(crate) fn atomic_or(&mut self, dst: Reg, off: i16, src: Reg) -> &mut Self {
+        self.push(insn(STX | ATOMIC | Size::DW as u8, dst, src, off, 0x40))
+    }
+
+    /// `dst = -dst`
+    pub(crate) fn neg(&mut self, dst: Reg) -> &mut Self {
+        self.push(insn(ALU64 | 0x80, dst, 0, 0, 0))
     }
 
     /// `dst = map` (a `BPF_PSEUDO_MAP_FD` load, two instruction slots).

@@ -10,7 +10,9 @@
 //!        40  layout  u64  LAYOUT_VERSION, written by whoever creates the area
 //!        64  ranges  [SLOTS] {start u64, end u64}   end == 0: free
 //!  64+16*SLOTS words [SLOTS] u64                    +1 for every call that touched the range
-//!  64+24*SLOTS hints [SLOTS] {s u64, e u64}         the range of the last call that touched it
+//!  64+24*SLOTS hints [SLOTS] {lo, hi, torn: u64}    union of the calls' ranges since the last
+//!                                                   take (EMPTY_LO, 0: none); torn != 0: two
+//!                                                   calls raced on the union, use the whole range
 //! ```
 
 /// The page size the programs align to (x86-64).
@@ -27,10 +29,15 @@ pub(crate) const OFF_RANGES: usize = 64;
 pub(crate) const OFF_WORDS: usize = OFF_RANGES + 16 * SLOTS;
 pub(crate) const OFF_HINTS: usize = OFF_WORDS + 8 * SLOTS;
 /// Bytes of one area.
-pub(crate) const AREA_SIZE: usize = OFF_HINTS + 16 * SLOTS;
+pub(crate) const AREA_SIZE: usize = OFF_HINTS + HINT_SIZE * SLOTS;
+/// Bytes of one slot's hint.
+pub(crate) const HINT_SIZE: usize = 24;
+/// `lo` of an empty hint: above every user address and below 2^63, so the programs'
+/// branch-free `min` (bit 63 of a difference) works on it.
+pub(crate) const EMPTY_LO: u64 = i64::MAX as u64;
 /// Changes whenever the layout or the programs' meaning changes (the daemon and its clients
 /// must agree).
-pub(crate) const LAYOUT_VERSION: u64 = 1;
+pub(crate) const LAYOUT_VERSION: u64 = 2;
 
 // Field offsets the programs use as instruction offsets (i16); words and hints are reached
 // with register arithmetic.

@@ -455,9 +455,10 @@ impl Area {
                 ))))
             }
         };
-        let h = OFF_HINTS + 16 * slot as usize;
-        self.u64_at(h).store(0, Relaxed);
+        let h = OFF_HINTS + HINT_SIZE * slot as usize;
+        self.u64_at(h).store(EMPTY_LO, Relaxed);
         self.u64_at(h + 8).store(0, Relaxed);
+        self.u64_at(h + 16).store(0, Relaxed);
         let r = OFF_RANGES + 16 * slot as usize;
         self.u64_at(r).store(s, Relaxed);
         self.u64_at(r + 8).store(e, Release);
@@ -496,7 +497,8 @@ impl Area {
     }
 
     /// The part of the ticket's range that watched calls touched since the last call (or the
-    /// registration), if any: the 2010 device's event with its hint. Resets the hint.
+    /// registration), if any: the 2010 device's event with its hint, never smaller than what
+    /// was touched. Resets the hint.
     pub fn take_change(&self, t: Ticket) -> Option<std::ops::Range<u64>> {
         let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
         self.take_locked(&mut slots, t.slot)
@@ -508,18 +510,19 @@ impl Area {
             return None;
         }
         slots.reported[slot as usize] = w;
-        let h = OFF_HINTS + 16 * slot as usize;
-        let lo = self.u64_at(h).swap(0, SeqCst);
+        let h = OFF_HINTS + HINT_SIZE * slot as usize;
+        let torn = self.u64_at(h + 16).swap(0, SeqCst);
+        let lo = self.u64_at(h).swap(EMPTY_LO, SeqCst);
         let hi = self.u64_at(h + 8).swap(0, SeqCst);
         let r = OFF_RANGES + 16 * slot as usize;
         let (s, e) = (
             self.u64_at(r).load(Acquire),
             self.u64_at(r + 8).load(Acquire),
         );
-        // The hint is the last call's range, clipped; a torn one (two calls storing at once)
-        // falls back to the whole range.
+        // The union of the calls' ranges since the last take, clipped; the whole range when two
+        // calls raced on the union (torn) or a take raced with a call (empty after clipping).
         let (lo, hi) = (lo.max(s), hi.min(e));
-        Some(if lo < hi { lo..hi } else { s..e })
+        Some(if torn == 0 && lo < hi { lo..hi } else { s..e })
     }
 
     /// Calls `f` with an [`Invalidation`] for every registered slot whose word moved since the

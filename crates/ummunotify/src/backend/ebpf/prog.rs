@@ -166,8 +166,8 @@ impl Gen {
     }
 
     /// Bumps the word of every registered range of area r7 that `[s, e)` (record slots `i`,
-    /// `i + 1`) overlaps, and the area's counter once per word, and stores `[s, e)` as the
-    /// range's hint. Clobbers r0-r6, r8, r9.
+    /// `i + 1`) overlaps, and the area's counter once per word, and widens the range's hint to
+    /// include `[s, e)`. Clobbers r0-r6, r8, r9.
     ///
     /// The verifier walks the loop once per slot and keeps every branch it has not taken yet
     /// pending (at most 8,192), so the body has one data-dependent branch: the overlap test is
@@ -215,12 +215,50 @@ impl Gen {
             .alu_reg(Alu::Add, R1, R7)
             .alu_imm(Alu::Add, R1, OFF_WORDS as i32)
             .mov_imm(R0, 1)
-            .atomic_add(R1, 0, R0)
-            .atomic_add(R7, OFF_GEN as i16, R0)
-            // The hint: the call's range (plain stores; the reader clips it to the range).
+            .atomic_fetch_add(R1, 0, R0) // r0 = the word before this call's bump
+            .mov_imm(R5, 1)
+            .atomic_add(R7, OFF_GEN as i16, R5)
+            // The hint: widen [lo, hi) to include [s, e), without branches (the verifier's
+            // budget): x ^= (x ^ y) & -(bit 63 of a difference).
+            .mov(R3, R8)
+            .alu_imm(Alu::Mul, R3, HINT_SIZE as i32)
+            .alu_reg(Alu::Add, R3, R7)
             .alu_imm(Alu::Add, R3, OFF_HINTS as i32)
-            .store(Size::DW, R3, 0, R6)
-            .store(Size::DW, R3, 8, R9);
+            .load(Size::DW, R4, R3, 0) // lo
+            .mov(R5, R6)
+            .alu_reg(Alu::Sub, R5, R4)
+            .alu_imm(Alu::Rsh, R5, 63) // s < lo
+            .neg(R5)
+            .mov(R1, R4)
+            .alu_reg(Alu::Xor, R1, R6)
+            .alu_reg(Alu::And, R1, R5)
+            .alu_reg(Alu::Xor, R4, R1)
+            .store(Size::DW, R3, 0, R4)
+            .load(Size::DW, R4, R3, 8) // hi
+            .mov(R5, R4)
+            .alu_reg(Alu::Sub, R5, R9)
+            .alu_imm(Alu::Rsh, R5, 63) // hi < e
+            .neg(R5)
+            .mov(R1, R4)
+            .alu_reg(Alu::Xor, R1, R9)
+            .alu_reg(Alu::And, R1, R5)
+            .alu_reg(Alu::Xor, R4, R1)
+            .store(Size::DW, R3, 8, R4)
+            // Another call bumped the word between our bump and now (a full barrier after our
+            // stores): our read-modify-write may have raced with its; mark the hint torn.
+            .mov(R1, R8)
+            .alu_imm(Alu::Lsh, R1, 3)
+            .alu_reg(Alu::Add, R1, R7)
+            .alu_imm(Alu::Add, R1, OFF_WORDS as i32)
+            .mov_imm(R4, 0)
+            .atomic_fetch_add(R1, 0, R4) // r4 = the word now
+            .alu_imm(Alu::Add, R0, 1)
+            .alu_reg(Alu::Xor, R4, R0) // != 0: torn
+            .mov(R5, R4)
+            .neg(R5)
+            .alu_reg(Alu::Or, R4, R5)
+            .alu_imm(Alu::Rsh, R4, 63)
+            .atomic_or(R3, 16, R4);
         a.bind(next);
         a.alu_imm(Alu::Add, R8, 1).ja(top);
         a.bind(done);
