@@ -75,7 +75,7 @@ impl fmt::Display for Unsupported {
             Unsupported::Ebpf { reason } => write!(f, "the eBPF backend can not start: {reason}"),
             Unsupported::UnknownBackend { value } => write!(
                 f,
-                "UMN_BACKEND={value:?} names no backend (expected auto, uffd or hooks)"
+                "UMN_BACKEND={value:?} names no backend (expected auto, uffd, hooks or ebpf)"
             ),
             Unsupported::NoBackend { userfaultfd, hooks } => write!(
                 f,

@@ -410,17 +410,18 @@ fn io_uring_madvise() {
     run(RemoveKind::UringMadvise);
 }
 
-/// The register path against the eBPF backend's area (programs loaded here, root): the entry
-/// program bumps the word before the call changes anything and the exit program bumps it again
-/// for ranges registered while the call ran, so no registration made in the window stays valid.
+/// The register path on a notifier running on the eBPF backend (programs loaded here, root):
+/// the entry program bumps the range's word before the call changes anything and the exit
+/// program bumps it again for ranges registered while the call ran, so no registration made in
+/// the window stays valid.
 /// `IORING_OP_MADVISE` is not run: eBPF does not see it (umn coverage shows it missed).
 #[test]
 fn ebpf_register_path() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let area = match ummunotify::ebpf::Area::open_local() {
-        Ok(a) => a,
+    let n = match Notifier::with_backend(ummunotify::Backend::Ebpf) {
+        Ok(n) => n,
         Err(e) => {
-            skip_or_fail("remove_race::ebpf", &format!("eBPF programs (root): {e}"));
+            skip_or_fail("remove_race::ebpf", &format!("the eBPF backend: {e}"));
             return;
         }
     };
@@ -452,9 +453,9 @@ fn ebpf_register_path() {
                     &ra,
                     &device,
                     &stop,
-                    |_, r| area.register(r.start as u64, r.end as u64).ok(),
-                    |ticket| area.is_valid(*ticket),
-                    |_, ticket| area.unregister(ticket),
+                    |i, r| n.register(r, Cookie(i as u64)).ok(),
+                    |region| n.is_valid(*region),
+                    |i, _| n.unregister(Cookie(i as u64)).expect("unregister"),
                 )
             });
         });

@@ -8,11 +8,7 @@ use ummunotify_testkit::changes::{
     case_json, json_string, print_child_report, run_case, run_in_child, CaseReport, ChangeKind,
 };
 
-use crate::watch::{expects, AreaWatcher, NotifierWatcher};
-
-/// The name `--backend` and `UMN_BACKEND` use for the eBPF mechanism (not yet a
-/// [`Backend`] of the notifier: its cases run against the area directly).
-pub const EBPF: &str = "ebpf";
+use crate::watch::{expects, NotifierWatcher};
 
 /// The hidden subcommand a child runs.
 pub const CHILD_SUBCOMMAND: &str = "__coverage-case";
@@ -21,12 +17,6 @@ pub const CHILD_SUBCOMMAND: &str = "__coverage-case";
 /// which [`run_all`] sets) and prints the report line for the parent. Used by the child side of
 /// [`run_all`].
 pub fn child_main(kind: ChangeKind) {
-    if std::env::var(ummunotify::BACKEND_ENV).is_ok_and(|b| b == EBPF) {
-        let result = ummunotify::ebpf::Area::shared()
-            .and_then(|a| run_case(kind, &mut AreaWatcher::new(&a)));
-        print_child_report(&result);
-        return;
-    }
     let result = Notifier::new()
         .map_err(io::Error::from)
         .and_then(|n| run_case(kind, &mut NotifierWatcher::new(&n, Cookie(0xC0FFEE))));
@@ -101,6 +91,7 @@ pub fn resolve(asked: Backend) -> Result<Backend, ummunotify::Error> {
 pub fn backend_label(backend: Backend) -> &'static str {
     match backend {
         Backend::Hooks => "hooks",
+        Backend::Ebpf => "ebpf",
         _ => "userfaultfd",
     }
 }
@@ -108,26 +99,13 @@ pub fn backend_label(backend: Backend) -> &'static str {
 /// Runs every kind on `backend` (as [`resolve`] returned it), each in a child process started as
 /// `exe CHILD_SUBCOMMAND` with `UMN_BACKEND` naming the backend.
 pub fn run_all(exe: &std::path::Path, backend: Backend) -> Vec<Row> {
-    run_all_named(exe, backend.name(), |k| expects(backend, k))
-}
-
-/// [`run_all`] on the eBPF mechanism (each child opens its area: from `umn daemon` if one
-/// listens, else by loading the programs itself, as root).
-pub fn run_all_ebpf(exe: &std::path::Path) -> Vec<Row> {
-    run_all_named(exe, EBPF, ChangeKind::ebpf_reports)
-}
-
-fn run_all_named(
-    exe: &std::path::Path,
-    name: &str,
-    expects: impl Fn(ChangeKind) -> bool,
-) -> Vec<Row> {
     ChangeKind::ALL
         .iter()
         .map(|&kind| {
             let mut cmd = Command::new(exe);
-            cmd.arg(CHILD_SUBCOMMAND).env(ummunotify::BACKEND_ENV, name);
-            Row::new(kind, run_in_child(kind, cmd), expects(kind))
+            cmd.arg(CHILD_SUBCOMMAND)
+                .env(ummunotify::BACKEND_ENV, backend.name());
+            Row::new(kind, run_in_child(kind, cmd), expects(backend, kind))
         })
         .collect()
 }

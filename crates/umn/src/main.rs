@@ -61,15 +61,10 @@ fn main() -> ExitCode {
         ["coverage", rest @ ..] => {
             let mut json = false;
             let mut asked = ummunotify::Backend::Auto;
-            let mut ebpf = false;
             let mut it = rest.iter();
             while let Some(a) = it.next() {
                 match *a {
                     "--json" => json = true,
-                    "--backend" if it.clone().next() == Some(&coverage::EBPF) => {
-                        it.next();
-                        ebpf = true;
-                    }
                     "--backend" => {
                         match it.next().and_then(|b| ummunotify::Backend::from_name(b)) {
                             Some(b) => asked = b,
@@ -94,20 +89,6 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            if ebpf {
-                // Fail before the table when the mechanism can not start at all.
-                if let Err(e) = ummunotify::ebpf::Area::shared() {
-                    eprintln!("umn coverage: backend ebpf can not start: {e}");
-                    return ExitCode::FAILURE;
-                }
-                let rows = coverage::run_all_ebpf(&exe);
-                if json {
-                    println!("{}", coverage::to_json(coverage::EBPF, &rows));
-                } else {
-                    print!("{}", coverage::to_table(coverage::EBPF, &rows));
-                }
-                return ExitCode::from(coverage::exit_status(&rows));
-            }
             let backend = match coverage::resolve(asked) {
                 Ok(b) => b,
                 Err(e) => {

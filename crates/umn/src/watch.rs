@@ -1,7 +1,6 @@
 //! [`NotifierWatcher`]: one region of a real [`Notifier`], driven by the testkit's catalogue.
 use std::ops::Range;
 
-use ummunotify::ebpf::{Area, Ticket};
 use ummunotify::{Backend, Cookie, Event, Generation, Notifier, Region};
 use ummunotify_testkit::changes::{ChangeKind, Watcher};
 
@@ -71,64 +70,7 @@ impl Watcher for NotifierWatcher<'_> {
 pub fn expects(backend: Backend, kind: ChangeKind) -> bool {
     match backend {
         Backend::Hooks => kind.hooks_report(),
+        Backend::Ebpf => kind.ebpf_reports(),
         _ => kind.userfaultfd_reports(),
-    }
-}
-
-/// Watches one range in this process's eBPF area (the eBPF backend's mechanism, until the
-/// notifier runs on it): the ticket's word is the region word, the area's counter the
-/// generation, the word's change with its hint the event.
-#[derive(Debug)]
-pub struct AreaWatcher<'a> {
-    area: &'a Area,
-    ticket: Option<Ticket>,
-    since: u64,
-}
-
-impl<'a> AreaWatcher<'a> {
-    /// A watcher that registers its range in `area`.
-    pub fn new(area: &'a Area) -> Self {
-        AreaWatcher {
-            area,
-            ticket: None,
-            since: 0,
-        }
-    }
-}
-
-impl Watcher for AreaWatcher<'_> {
-    fn watch(&mut self, range: Range<usize>) -> Result<(), String> {
-        self.since = self.area.generation();
-        let t = self
-            .area
-            .register(range.start as u64, range.end as u64)
-            .map_err(|e| e.to_string())?;
-        self.ticket = Some(t);
-        Ok(())
-    }
-
-    fn is_valid(&mut self) -> bool {
-        self.ticket.is_some_and(|t| self.area.is_valid(t))
-    }
-
-    fn counter_moved(&mut self) -> bool {
-        self.area.generation() != self.since
-    }
-
-    fn events(&mut self) -> Vec<(Range<usize>, bool)> {
-        self.ticket
-            .and_then(|t| self.area.take_change(t))
-            .map(|r| vec![(r.start as usize..r.end as usize, true)])
-            .unwrap_or_default()
-    }
-
-    fn expects(&self, kind: ChangeKind) -> bool {
-        kind.ebpf_reports()
-    }
-
-    fn unwatch(&mut self) {
-        if let Some(t) = self.ticket.take() {
-            self.area.unregister(t);
-        }
     }
 }

@@ -93,27 +93,34 @@ pub enum Backend {
     /// libc's unmapping calls patched in the calling thread (x86-64, dynamic glibc): works
     /// where userfaultfd is denied; misses raw syscalls and io_uring.
     Hooks,
+    /// BPF programs on the syscall tracepoints bump a word per watched range in a mapped
+    /// array, in the calling thread; checks pull (one load when nothing changed). Needs a
+    /// running `umn daemon`, or root to load the programs; misses io_uring and file-level
+    /// changes.
+    Ebpf,
 }
 
 /// The environment variable [`Notifier::new`](crate::Notifier::new) reads.
 pub const BACKEND_ENV: &str = "UMN_BACKEND";
 
 impl Backend {
-    /// The name `UMN_BACKEND` and `umn` use: `auto`, `uffd`, `hooks`.
+    /// The name `UMN_BACKEND` and `umn` use: `auto`, `uffd`, `hooks`, `ebpf`.
     pub fn name(self) -> &'static str {
         match self {
             Backend::Auto => "auto",
             Backend::Userfaultfd => "uffd",
             Backend::Hooks => "hooks",
+            Backend::Ebpf => "ebpf",
         }
     }
 
-    /// Parses `auto`, `uffd` (or `userfaultfd`), `hooks`.
+    /// Parses `auto`, `uffd` (or `userfaultfd`), `hooks`, `ebpf` (or `bpf`).
     pub fn from_name(name: &str) -> Option<Backend> {
         match name.trim() {
             "auto" | "" => Some(Backend::Auto),
             "uffd" | "userfaultfd" => Some(Backend::Userfaultfd),
             "hooks" => Some(Backend::Hooks),
+            "ebpf" | "bpf" => Some(Backend::Ebpf),
             _ => None,
         }
     }
@@ -196,6 +203,21 @@ pub(crate) fn open(
         (uffd::watcher(u), Backend::Userfaultfd, how)
     };
     match backend {
+        Backend::Ebpf => {
+            let area = ebpf::Area::shared().map_err(|e| crate::Unsupported::Ebpf {
+                reason: e.to_string(),
+            })?;
+            let how = if area.is_local() {
+                "asked for ebpf: programs loaded in this process"
+            } else {
+                "asked for ebpf: area from umn daemon"
+            };
+            Ok((
+                Box::new(ebpf::EbpfWatcher::new(area)),
+                Backend::Ebpf,
+                how.to_string(),
+            ))
+        }
         Backend::Userfaultfd => Ok(uffd(uffd::Uffd::open()?, "asked for ")),
         Backend::Hooks => hooks()
             .map(|(w, b, how)| (w, b, format!("asked for hooks: {how}")))

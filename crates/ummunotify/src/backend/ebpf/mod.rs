@@ -65,6 +65,9 @@ pub(crate) mod asm;
 pub(crate) mod layout;
 pub(crate) mod prog;
 pub(crate) mod sys;
+mod watcher;
+
+pub(crate) use watcher::EbpfWatcher;
 
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -76,8 +79,6 @@ use std::sync::{Arc, Mutex, Weak};
 
 pub use layout::SLOTS;
 use layout::*;
-
-use super::Invalidation;
 
 /// The socket `umn daemon` listens on unless `UMN_EBPF_SOCKET` names another.
 pub const DEFAULT_SOCKET: &str = "/run/ummunotify/ebpf.sock";
@@ -523,30 +524,6 @@ impl Area {
         // calls raced on the union (torn) or a take raced with a call (empty after clipping).
         let (lo, hi) = (lo.max(s), hi.min(e));
         Some(if torn == 0 && lo < hi { lo..hi } else { s..e })
-    }
-
-    /// Calls `f` with an [`Invalidation`] for every registered slot whose word moved since the
-    /// last drain (or its registration): the message form a monitor-style core consumes.
-    #[allow(dead_code)] // the seam's adapter calls it once Backend::Ebpf is wired in
-    pub(crate) fn drain(&self, mut f: impl FnMut(u32, Invalidation)) {
-        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
-        for slot in 0..slots.high {
-            let e = self
-                .u64_at(OFF_RANGES + 16 * slot as usize + 8)
-                .load(Acquire);
-            if e == 0 {
-                continue;
-            }
-            if let Some(r) = self.take_locked(&mut slots, slot) {
-                f(
-                    slot,
-                    Invalidation::Remove {
-                        start: r.start,
-                        end: r.end,
-                    },
-                );
-            }
-        }
     }
 
     /// Whether the programs were loaded by this process (`false`: a daemon's).
