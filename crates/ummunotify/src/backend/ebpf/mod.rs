@@ -3,13 +3,28 @@
 //! with a one-load check.
 //!
 //! # Mechanism
-//! Programs ([`prog`]) on `syscalls:sys_enter_{munmap, mremap, madvise, brk, mmap, shmdt,
+//! Programs (`prog.rs`) on `syscalls:sys_enter_{munmap, mremap, madvise, brk, mmap, shmdt,
 //! shmat, process_madvise, remap_file_pages}` compute from the arguments the range the call
 //! will change (madvise only for advice that drops frames, mmap only with `MAP_FIXED`, shmat
 //! only with `SHM_REMAP`), find the caller's *area* by its tgid (`procs`, a hash of maps), and
 //! bump the word of every registered range that overlaps, plus the area's counter. The area
-//! ([`layout`]) is a `BPF_F_MMAPABLE` array the process maps: registering writes a range into a
+//! (`layout.rs`) is a `BPF_F_MMAPABLE` array the process maps: registering writes a range into a
 //! free slot and remembers the slot's word; [`Area::is_valid`] is one load and a compare.
+//!
+//! # Example
+//! Through the notifier: `Notifier::with_backend(Backend::Ebpf)` (or `UMN_BACKEND=ebpf`). The
+//! mechanism underneath, directly:
+//! ```no_run
+//! use ummunotify::ebpf::Area;
+//! let area = Area::shared()?; // from `umn daemon`, or the programs loaded here as root
+//! let buf = vec![0u8; 1 << 16];
+//! let start = buf.as_ptr() as u64;
+//! let ticket = area.register(start, start + buf.len() as u64)?;
+//! // ... pin `buf` for a device, then before each use:
+//! assert!(area.is_valid(ticket)); // one load and a compare
+//! area.unregister(ticket);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 //!
 //! # Visibility rule (guarantee 1)
 //! The entry program runs in the calling thread before the syscall does its work, and bumps
@@ -54,8 +69,8 @@
 //! falls inside their bounding box). Ranges per process: [`SLOTS`].
 //!
 //! # Toolchain
-//! The programs are assembled here, in Rust ([`asm`]), and loaded with the raw `bpf(2)` syscall
-//! ([`sys`]): the build needs no clang, no libbpf, no bpf-linker or nightly toolchain (aya's
+//! The programs are assembled here, in Rust (`asm.rs`), and loaded with the raw `bpf(2)` syscall
+//! (`sys.rs`): the build needs no clang, no libbpf, no bpf-linker or nightly toolchain (aya's
 //! in-kernel side), no `vmlinux.h`; it builds wherever the crate builds. That is possible
 //! because the programs read only the tracepoint record (its offsets parsed from tracefs) and
 //! maps, never a kernel structure, so there is nothing for CO-RE to relocate.
