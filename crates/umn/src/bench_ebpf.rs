@@ -124,8 +124,37 @@ pub fn rows(cycles: usize) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
         unmap(buf, pg);
         drop(area); // detaches the programs
     }
+    // Through the notifier: is_valid on the eBPF backend (the probe's counter load, then the
+    // region word) vs on userfaultfd (push: the region word alone).
+    let (mut nb, mut nu) = (Vec::new(), Vec::new());
+    {
+        let e = ummunotify::Notifier::with_backend(ummunotify::Backend::Ebpf)?;
+        let u = ummunotify::Notifier::with_backend(ummunotify::Backend::Userfaultfd)?;
+        let pg = page();
+        let buf = map(2 * pg, 0);
+        touch(buf, 2 * pg);
+        let re = e.register(buf..buf + pg, ummunotify::Cookie(1))?;
+        let ru = u.register(buf + pg..buf + 2 * pg, ummunotify::Cookie(1))?;
+        for _ in 0..51 {
+            nb.push(batched(1, 20_000, || {
+                black_box(e.is_valid(black_box(re)));
+            }));
+            nu.push(batched(1, 20_000, || {
+                black_box(u.is_valid(black_box(ru)));
+            }));
+        }
+        e.unregister(ummunotify::Cookie(1))?;
+        u.unregister(ummunotify::Cookie(1))?;
+        unmap(buf, 2 * pg);
+    }
     let m = |v: &Vec<f64>| median(v.clone());
     Ok(vec![
+        row(
+            "ebpf_notifier_is_valid",
+            median(nb),
+            "uffd_notifier_is_valid",
+            median(nu),
+        ),
         row("ebpf_check", median(check), "atomic_load", median(load)),
         row(
             "ebpf_munmap_registered_4k",
