@@ -62,6 +62,12 @@
 //! `shmdt`/`shmat(SHM_REMAP)` invalidate everything above the address (the segment size is not
 //! in the arguments).
 //!
+//! # Limits
+//! [`SLOTS`] ranges per process (the verifier's budget for the scan); [`MAX_PROCESSES`]
+//! processes per set of programs; 65,536 threads inside a watched call at once, node-wide (the
+//! `inflight` map: a call whose record does not fit is still seen at entry, but a registration
+//! inside its window is not caught at its exit).
+//!
 //! # Costs
 //! While the programs are attached, *every* syscall of *every* process on the node pays the
 //! syscall-tracepoint entry/exit path (KERNEL-FACTS "eBPF": getpid 240 → 331 ns); a watched

@@ -209,12 +209,9 @@ impl Gen {
             .alu_reg(Alu::Sub, R5, R1)
             .alu_imm(Alu::Rsh, R5, 63)
             .alu_reg(Alu::And, R4, R5)
-            .jmp_imm(Jmp::Eq, R4, 0, next)
-            .mov(R1, R8)
-            .alu_imm(Alu::Lsh, R1, 3)
-            .alu_reg(Alu::Add, R1, R7)
-            .alu_imm(Alu::Add, R1, OFF_WORDS as i32)
-            .mov_imm(R0, 1)
+            .jmp_imm(Jmp::Eq, R4, 0, next);
+        word_ptr(a, R1);
+        a.mov_imm(R0, 1)
             .atomic_fetch_add(R1, 0, R0) // r0 = the word before this call's bump
             .mov_imm(R5, 1)
             .atomic_add(R7, OFF_GEN as i16, R5)
@@ -223,34 +220,13 @@ impl Gen {
             .mov(R3, R8)
             .alu_imm(Alu::Mul, R3, HINT_SIZE as i32)
             .alu_reg(Alu::Add, R3, R7)
-            .alu_imm(Alu::Add, R3, OFF_HINTS as i32)
-            .load(Size::DW, R4, R3, 0) // lo
-            .mov(R5, R6)
-            .alu_reg(Alu::Sub, R5, R4)
-            .alu_imm(Alu::Rsh, R5, 63) // s < lo
-            .neg(R5)
-            .mov(R1, R4)
-            .alu_reg(Alu::Xor, R1, R6)
-            .alu_reg(Alu::And, R1, R5)
-            .alu_reg(Alu::Xor, R4, R1)
-            .store(Size::DW, R3, 0, R4)
-            .load(Size::DW, R4, R3, 8) // hi
-            .mov(R5, R4)
-            .alu_reg(Alu::Sub, R5, R9)
-            .alu_imm(Alu::Rsh, R5, 63) // hi < e
-            .neg(R5)
-            .mov(R1, R4)
-            .alu_reg(Alu::Xor, R1, R9)
-            .alu_reg(Alu::And, R1, R5)
-            .alu_reg(Alu::Xor, R4, R1)
-            .store(Size::DW, R3, 8, R4)
-            // Another call bumped the word between our bump and now (a full barrier after our
-            // stores): our read-modify-write may have raced with its; mark the hint torn.
-            .mov(R1, R8)
-            .alu_imm(Alu::Lsh, R1, 3)
-            .alu_reg(Alu::Add, R1, R7)
-            .alu_imm(Alu::Add, R1, OFF_WORDS as i32)
-            .mov_imm(R4, 0)
+            .alu_imm(Alu::Add, R3, OFF_HINTS as i32);
+        widen(a, 0, R6, true); // lo = min(lo, s)
+        widen(a, 8, R9, false); // hi = max(hi, e)
+                                // Another call bumped the word between our bump and now (a full barrier after our
+                                // stores): our read-modify-write may have raced with its; mark the hint torn.
+        word_ptr(a, R1);
+        a.mov_imm(R4, 0)
             .atomic_fetch_add(R1, 0, R4) // r4 = the word now
             .alu_imm(Alu::Add, R0, 1)
             .alu_reg(Alu::Xor, R4, R0) // != 0: torn
@@ -270,6 +246,32 @@ impl Gen {
         self.a.mov_imm(R0, 0).exit();
         self.a.finish()
     }
+}
+
+/// `dst = &words[i]` (r8 = i, r7 = area).
+fn word_ptr(a: &mut Asm, dst: Reg) {
+    a.mov(dst, R8)
+        .alu_imm(Alu::Lsh, dst, 3)
+        .alu_reg(Alu::Add, dst, R7)
+        .alu_imm(Alu::Add, dst, OFF_WORDS as i32);
+}
+
+/// `*(r3 + off)` moves to `y` if `y` is lower (`low`) or higher than it, without a branch:
+/// `x ^= (x ^ y) & -(bit 63 of the difference)` (both below 2^63). Clobbers r1, r4, r5.
+fn widen(a: &mut Asm, off: i16, y: Reg, low: bool) {
+    a.load(Size::DW, R4, R3, off);
+    if low {
+        a.mov(R5, y).alu_reg(Alu::Sub, R5, R4); // y < x
+    } else {
+        a.mov(R5, R4).alu_reg(Alu::Sub, R5, y); // x < y
+    }
+    a.alu_imm(Alu::Rsh, R5, 63)
+        .neg(R5)
+        .mov(R1, R4)
+        .alu_reg(Alu::Xor, R1, y)
+        .alu_reg(Alu::And, R1, R5)
+        .alu_reg(Alu::Xor, R4, R1)
+        .store(Size::DW, R3, off, R4);
 }
 
 /// Argument filters that need no map: jump to `out` for calls that change nothing.
