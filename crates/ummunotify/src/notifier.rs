@@ -16,7 +16,7 @@ use std::ops::Range;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::AtomicU64 as StdAtomicU64;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::backend::{self, Backend, Delivery, Watcher};
@@ -56,6 +56,13 @@ struct SlotData {
     /// The kernel's watch over some of this region's pages went away with an unmap; it must be
     /// re-established before the region can be valid again.
     coverage_lost: bool,
+    /// Registered with [`Notifier::register_any`]: valid over holes (re-arming over a hole makes
+    /// it valid, as registering it then would).
+    any_range: bool,
+    /// Some pages of its range were not mapped when it was last watched (at registration or
+    /// re-arm): counted in `Registry::holes`, so [`Notifier::mapped`] watches memory announced
+    /// there. Cleared when it is unregistered or re-armed with all its pages mapped.
+    holes: bool,
     serial: u64,
 }
 
@@ -90,6 +97,8 @@ struct Registry {
     budget: WatchBudget,
     /// Names the senders of in-flight `REMOVE`s (`crate::inflight`).
     scanner: Scanner,
+    /// Regions whose `SlotData::holes` is set.
+    holes: usize,
 }
 
 /// The watch policy's VMA budget (docs/ARCHITECTURE.md, "Watch policy").
@@ -150,16 +159,20 @@ impl WatchBudget {
         self.estimate(segments) + 2 + Self::MARGIN <= self.limit
     }
 
-    /// The whole VMAs covering `[start, end)`, or `None` if part of it is unmapped.
-    fn widen(&mut self, start: u64, end: u64) -> Result<Option<(u64, u64)>> {
+    /// The mapping list, opened at first use.
+    fn vmas(&mut self) -> Result<&sys::vma::Vmas> {
         if self.vmas.is_none() {
             self.vmas = Some(sys::vma::Vmas::open().map_err(|source| Error::Os {
                 op: "open /proc/self/maps",
                 source,
             })?);
         }
-        let vmas = self.vmas.as_ref().expect("opened above");
-        vmas.extent(start, end).map_err(|source| Error::Os {
+        Ok(self.vmas.as_ref().expect("opened above"))
+    }
+
+    /// The whole VMAs covering `[start, end)`, or `None` if part of it is unmapped.
+    fn widen(&mut self, start: u64, end: u64) -> Result<Option<(u64, u64)>> {
+        self.vmas()?.extent(start, end).map_err(|source| Error::Os {
             op: "PROCMAP_QUERY",
             source,
         })
@@ -230,6 +243,9 @@ pub(crate) struct Shared {
     /// The message being applied hit at least one region (monitor only; see
     /// `generation::count_notification`).
     message_hit: AtomicBool,
+    /// `Registry::holes`, readable without the lock: [`Notifier::mapped`] returns at once while
+    /// it is 0. Raised before the holes are looked for (see `register_impl`).
+    holes: AtomicUsize,
 }
 
 /// Proof that the index lock is held, and the only way to reach slot data.
@@ -537,6 +553,55 @@ impl Shared {
         }
     }
 
+    /// Watches the mapped parts of the page range `[start, end)` (registry lock held). Returns
+    /// whether they covered it (no hole); a part unmapped while this runs counts as a hole. No
+    /// allocation where `PROCMAP_QUERY` works (it runs inside the 2010 preload's `mmap`).
+    fn watch_mapped_parts(&self, budget: &mut WatchBudget, start: u64, end: u64) -> Result<bool> {
+        // The common case, all mapped: one check and one watch, as `register` (the VMA walk
+        // reads all of /proc/self/maps per call where PROCMAP_QUERY is missing, Linux < 6.11).
+        let whole = Span {
+            start,
+            end,
+            watch_start: start,
+            watch_end: end,
+        };
+        match self.watch(&whole) {
+            Ok(()) if matches!(sys::is_mapped(start as usize, end as usize), Ok(true)) => {
+                return Ok(true)
+            }
+            Ok(()) | Err(Error::Unmapped) => {}
+            Err(e) => return Err(e),
+        }
+        let mut first_err = None;
+        let mut raced = false;
+        let whole = budget
+            .vmas()?
+            .for_each_mapped(start, end, |s, e| {
+                if first_err.is_some() {
+                    return;
+                }
+                let part = Span {
+                    start: s,
+                    end: e,
+                    watch_start: s,
+                    watch_end: e,
+                };
+                match self.watch(&part) {
+                    Ok(()) => {}
+                    Err(Error::Unmapped) => raced = true,
+                    Err(e) => first_err = Some(e),
+                }
+            })
+            .map_err(|source| Error::Os {
+                op: "PROCMAP_QUERY",
+                source,
+            })?;
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(whole && !raced),
+        }
+    }
+
     /// Watches the page range of `span`, mapping kernel refusals to typed errors.
     fn watch(&self, span: &Span) -> Result<()> {
         let (s, e) = (span.watch_start, span.watch_end);
@@ -661,6 +726,7 @@ impl Notifier {
                     }
                 },
                 scanner: Scanner::new(),
+                holes: 0,
             }),
             probe: watcher.probe(),
             watcher,
@@ -670,6 +736,7 @@ impl Notifier {
             events_read: StdAtomicU64::new(0),
             fail_next: AtomicBool::new(false),
             message_hit: AtomicBool::new(false),
+            holes: AtomicUsize::new(0),
         });
         let fork_slot = fork::Slot::new(shared.counter.addr()).ok_or(Error::Os {
             op: "fork registration",
@@ -711,11 +778,130 @@ impl Notifier {
     /// The range is rounded out to pages for watching; events report it as given. Overlapping
     /// and duplicate ranges are fine; cookies must be unique.
     ///
+    /// Every page of the range must be mapped: a hole is [`Error::Unmapped`], because a native
+    /// caller registers memory it is about to use, and a range that is not there is a bug to
+    /// report, not to watch. [`register_any`](Self::register_any) accepts holes.
+    ///
     /// # Errors
     /// [`Error::EmptyRange`], [`Error::WrappingRange`], [`Error::Unmapped`],
     /// [`Error::DuplicateCookie`], [`Error::RangeBusy`], [`Error::CoverageLimit`],
     /// [`Error::UnsupportedMapping`]; the notifier is unchanged after any of them.
     pub fn register(&self, range: Range<usize>, cookie: Cookie) -> Result<Region> {
+        self.register_impl(range, cookie, false)
+    }
+
+    /// Registers `range` under `cookie` whether or not it is mapped, as the 2010 device did.
+    ///
+    /// The mapped parts are watched at once. Memory mapped later inside the range is watched
+    /// from the moment [`mapped`](Self::mapped) is told of it (the 2010 preload tells it of every
+    /// `mmap`, `mremap`, `shmat` and `brk` it sees); memory mapped there by a call nobody
+    /// announces (a raw `mmap` syscall, glibc's internal `mmap` in `malloc`) is not watched,
+    /// because the kernel gives userfaultfd no event for a new mapping.
+    ///
+    /// The token is valid from now on: a hole being filled is not an invalidation (nothing was
+    /// there to invalidate), and re-arming the region (reading its event) while some of its
+    /// pages are unmapped makes it valid again too, watching what is mapped then. So a token of
+    /// such a region says "nothing that was mapped when the token was taken has changed", not
+    /// "the range is mapped".
+    ///
+    /// ```
+    /// # use ummunotify::{Cookie, Notifier};
+    /// # fn main() -> Result<(), ummunotify::Error> {
+    /// let n = Notifier::new()?;
+    /// let page = 4096;
+    /// // Reserve an address, then leave a hole there.
+    /// // SAFETY: a fresh anonymous mapping, then its unmapping.
+    /// let p = unsafe {
+    ///     let p = libc::mmap(std::ptr::null_mut(), page, libc::PROT_READ | libc::PROT_WRITE,
+    ///                        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0);
+    ///     libc::munmap(p, page);
+    ///     p as usize
+    /// };
+    /// let r = n.register_any(p..p + page, Cookie(1))?; // a plain `register` is `Unmapped`
+    /// assert!(n.is_valid(r));
+    /// // SAFETY: maps into the hole we made.
+    /// unsafe {
+    ///     libc::mmap(p as *mut libc::c_void, page, libc::PROT_READ | libc::PROT_WRITE,
+    ///                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE, -1, 0);
+    /// }
+    /// n.mapped(p..p + page)?; // watched from here on
+    /// // SAFETY: unmaps our own page.
+    /// unsafe { libc::munmap(p as *mut libc::c_void, page) };
+    /// assert!(!n.is_valid(r));
+    /// assert_eq!(n.events()?.len(), 1);
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`register`](Self::register), without [`Error::Unmapped`]; a mapped part that can not
+    /// be watched ([`Error::RangeBusy`], [`Error::UnsupportedMapping`], ...) still fails the whole
+    /// call, with the notifier unchanged.
+    pub fn register_any(&self, range: Range<usize>, cookie: Cookie) -> Result<Region> {
+        self.register_impl(range, cookie, true)
+    }
+
+    /// Tells the notifier that `range` was just mapped (by `mmap`, the target of `mremap`,
+    /// `shmat`, `brk` growth): the pages of it that lie in a registered region and were not
+    /// mapped when that region was last watched are watched from now on. Call it after the
+    /// mapping call returned and before the memory is used. Costs one atomic load while no
+    /// region has unmapped pages; otherwise the registry lock, and a `PROCMAP_QUERY` and a
+    /// `UFFDIO_REGISTER` per mapped VMA part of the range's registered pages (none for memory
+    /// outside every region).
+    ///
+    /// Regions with holes come from [`register_any`](Self::register_any) and from re-arming a
+    /// region while some of its pages are unmapped (see [`read_events`](Self::read_events)).
+    ///
+    /// # Errors
+    /// [`Error::Forked`], [`Error::MonitorDead`]; a part that can not be watched is left
+    /// unwatched (a later invalidation of it is missed, as for memory nobody announced).
+    pub fn mapped(&self, range: Range<usize>) -> Result<()> {
+        let sh = &*self.shared;
+        if sh.holes.load(SeqCst) == 0 || range.end <= range.start {
+            return Ok(());
+        }
+        sh.alive()?;
+        let page = sys::page_size() as u64;
+        let start = range.start as u64 & !(page - 1);
+        let end = (range.end as u64).saturating_add(page - 1) & !(page - 1);
+        let mut reg = sh.lock_registry();
+        sh.settle(&mut reg)?;
+        // Every page of the range some region counts: the holes' pages, and pages of regions
+        // whose watch went with an unmap (pending; watching them now only adds what their
+        // re-arm would watch anyway). No page outside every region is watched.
+        let Registry {
+            coverage, budget, ..
+        } = &mut *reg;
+        coverage.for_each_covered(start, end, |s, e| {
+            let _ = sh.watch_mapped_parts(budget, s, e);
+        });
+        Ok(())
+    }
+
+    /// Makes room for `regions` registered regions now (the slot table and the cookie map), so
+    /// that registering up to that many allocates and maps nothing. The 2010 preload reserves
+    /// when the device is opened: otherwise the first registration maps the slot table, and the
+    /// kernel may put it in the hole the program just made and is registering (the device
+    /// mapped nothing in the program's address space).
+    ///
+    /// # Errors
+    /// [`Error::Forked`], [`Error::MonitorDead`].
+    pub fn reserve(&self, regions: usize) -> Result<()> {
+        let sh = &*self.shared;
+        sh.alive()?;
+        let mut reg = sh.lock_registry();
+        let more = regions.saturating_sub(reg.cookies.len());
+        reg.cookies.reserve(more);
+        reg.free.reserve(more);
+        while sh.slots.capacity() < regions.min(u32::MAX as usize) {
+            if !sh.slots.grow() && sh.slots.capacity() < regions {
+                break; // every segment installed
+            }
+        }
+        Ok(())
+    }
+
+    fn register_impl(&self, range: Range<usize>, cookie: Cookie, any: bool) -> Result<Region> {
         let mut span = Span::new(range, sys::page_size())?;
         let sh = &*self.shared;
         sh.alive()?;
@@ -729,6 +915,7 @@ impl Notifier {
         if !reg.budget.allows_exact(segments) {
             match reg.budget.widen(span.watch_start, span.watch_end)? {
                 Some((s, e)) => (span.watch_start, span.watch_end) = (s, e),
+                None if any => {} // holes: watch the mapped parts exactly
                 None => return Err(Error::Unmapped),
             }
         }
@@ -747,6 +934,10 @@ impl Notifier {
         // The pages that went from 0 to 1 are not needed: the whole range is watched below (see
         // there why), and a rollback's `remove` returns exactly what this added.
         reg.coverage.add(span.watch_start, span.watch_end);
+        if any {
+            reg.holes += 1;
+            sh.holes.store(reg.holes, SeqCst);
+        }
         let token = {
             let mut l = sh.lock_index_blocked();
             let d = l.data(id);
@@ -755,6 +946,10 @@ impl Notifier {
             d.pending = Pending::default();
             d.queued = false;
             d.coverage_lost = false;
+            d.any_range = any;
+            // Counted before the holes are looked for (below): a racing `mapped` that finds the
+            // count 0 announced memory that the look will find mapped.
+            d.holes = any;
             d.serial += 1;
             let expected = d.serial << 1;
             let slot = l.slot(id);
@@ -773,17 +968,33 @@ impl Notifier {
         };
         // Watch the whole page range, even parts already covered: a watch lost with an unmap may
         // have been replaced by a new mapping since (watching is idempotent).
-        if let Err(e) = sh.watch(&span) {
-            self.remove_slot(&mut reg, id, &span);
-            return Err(e);
-        }
-        // A racing unmap between the check in `watch` and the registration would have gone unseen.
-        if !matches!(
-            sys::is_mapped(span.watch_start as usize, span.watch_end as usize),
-            Ok(true)
-        ) {
-            self.remove_slot(&mut reg, id, &span);
-            return Err(Error::Unmapped);
+        if any {
+            // The region is in the index and counted in `holes` already: memory a racing
+            // `mapped` announces is found either by the look below or, after this call (it
+            // waits for the registry lock), by `mapped` itself.
+            let Registry { budget, .. } = &mut *reg;
+            match sh.watch_mapped_parts(budget, span.watch_start, span.watch_end) {
+                Ok(true) => self.clear_holes(&mut reg, id),
+                Ok(false) => {}
+                Err(e) => {
+                    self.remove_slot(&mut reg, id, &span);
+                    return Err(e);
+                }
+            }
+        } else {
+            if let Err(e) = sh.watch(&span) {
+                self.remove_slot(&mut reg, id, &span);
+                return Err(e);
+            }
+            // A racing unmap between the check in `watch` and the registration would have gone
+            // unseen.
+            if !matches!(
+                sys::is_mapped(span.watch_start as usize, span.watch_end as usize),
+                Ok(true)
+            ) {
+                self.remove_slot(&mut reg, id, &span);
+                return Err(Error::Unmapped);
+            }
         }
         if reg.free.last() == Some(&id) {
             reg.free.pop();
@@ -797,9 +1008,28 @@ impl Notifier {
         Ok(token)
     }
 
+    /// Region `id` has no holes (any more): uncount it (registry lock held).
+    fn clear_holes(&self, reg: &mut Registry, id: u32) {
+        let had = std::mem::take(&mut self.shared.lock_index_blocked().data(id).holes);
+        if had {
+            reg.holes -= 1;
+            self.shared.holes.store(reg.holes, SeqCst);
+        }
+    }
+
+    /// Region `id` may have holes: count it, before they are looked for (registry lock held).
+    fn mark_holes(&self, reg: &mut Registry, id: u32) {
+        let had = std::mem::replace(&mut self.shared.lock_index_blocked().data(id).holes, true);
+        if !had {
+            reg.holes += 1;
+            self.shared.holes.store(reg.holes, SeqCst);
+        }
+    }
+
     /// Undoes the index and coverage part of a registration (registry lock held).
     fn remove_slot(&self, reg: &mut Registry, id: u32, span: &Span) {
         let sh = &*self.shared;
+        self.clear_holes(reg, id);
         {
             let mut l = sh.lock_index_blocked();
             let Locked { st, slots } = &mut l.locked;
@@ -952,6 +1182,14 @@ impl Notifier {
     /// Moves pending events to the front of `buf` (re-arming their regions) and reports whether
     /// the queue was drained, with the counter at that moment.
     ///
+    /// Re-arming a region whose pages were unmapped watches them again where they are mapped now.
+    /// What its token means when some are not (holes): a [`register`](Self::register) region
+    /// keeps reading invalid (the memory it was registered for is gone) until a later re-arm
+    /// finds all its pages mapped; a [`register_any`](Self::register_any) region reads valid
+    /// (nothing mapped there changed since). Either way the region is never deaf: memory mapped
+    /// into its holes and announced with [`mapped`](Self::mapped) is watched, and its next
+    /// invalidation is an event.
+    ///
     /// # Errors
     /// [`Error::Forked`], [`Error::MonitorDead`].
     pub fn read_events(&self, buf: &mut [Event]) -> Result<ReadEvents> {
@@ -1036,7 +1274,14 @@ impl Notifier {
     }
 
     /// Re-arms a region whose watch was lost with an unmap: watch its pages again, then make it
-    /// valid if nothing hit it meanwhile. A region whose pages are not all mapped stays invalid.
+    /// valid if nothing hit it meanwhile.
+    ///
+    /// Pages not mapped now are holes: the region goes into `holes`, so memory mapped there
+    /// later and announced through [`mapped`](Self::mapped) is watched and its invalidation
+    /// reported (no deaf region). A [`register_any`](Self::register_any) region becomes valid
+    /// anyway (as registering it now would make it); a [`register`](Self::register) region
+    /// stays invalid and keeps its watch marked lost, so every later re-arm looks again and the
+    /// first one that finds all its pages mapped makes it valid.
     fn recover(&self, reg: &mut Registry, id: u32, serial: u64, span: &Span) {
         let sh = &*self.shared;
         let mut rewatch = *span;
@@ -1050,11 +1295,20 @@ impl Notifier {
                     rewatch.watch_start = s.max(span.watch_start);
                     rewatch.watch_end = e.min(span.watch_end);
                 }
-                _ => return,
+                // Holes: the mapped parts of its own pages, exactly.
+                Ok(None) => (rewatch.watch_start, rewatch.watch_end) = own,
+                Err(_) => return,
             }
         }
-        if sh.watch(&rewatch).is_err() {
-            return;
+        // Counted before the holes are looked for (see `register_impl`).
+        self.mark_holes(reg, id);
+        let Registry { budget, .. } = &mut *reg;
+        let whole = match sh.watch_mapped_parts(budget, rewatch.watch_start, rewatch.watch_end) {
+            Ok(whole) => whole,
+            Err(_) => return, // stays invalid, its watch lost: the next re-arm tries again
+        };
+        if whole {
+            self.clear_holes(reg, id);
         }
         let mut l = sh.lock_index_blocked();
         l.st.inflight.sweep();
@@ -1066,10 +1320,12 @@ impl Notifier {
                 return;
             }
             let d = l.data(id);
-            d.coverage_lost = false;
-            d.serial += 1;
-            let w = d.serial << 1;
-            l.slot(id).word.store(w, Release);
+            if whole || d.any_range {
+                d.coverage_lost = false;
+                d.serial += 1;
+                let w = d.serial << 1;
+                l.slot(id).word.store(w, Release);
+            }
         }
     }
 
@@ -1195,10 +1451,15 @@ impl Sink for Shared {
             panic!("injected event-path failure");
         }
         let mut l = self.lock_index();
+        // An mremap move sends its `Remap` and, as the very next message of that call, the
+        // `Unmap` of the old range. Only that next message pairs: a `Remap` of
+        // `MREMAP_DONTUNMAP` has no `Unmap`, and any message in between (a `REMOVE`, another
+        // call's `Unmap`) ends the pairing, so a later genuine unmap of the same range is never
+        // taken for the tail of an earlier mremap (which would keep a stale hint).
+        let last_remap = std::mem::take(&mut l.st.last_remap);
         let (newly, hits) = match inv {
             Invalidation::Unmap { start, end } => {
-                let tail = l.st.last_remap == (start, end);
-                l.st.last_remap = (0, 0);
+                let tail = last_remap == (start, end);
                 l.invalidate(start, end, true, tail)
             }
             Invalidation::Remove { start, end } => l.invalidate(start, end, false, false),
