@@ -35,6 +35,12 @@ pub enum Unsupported {
         /// The value found.
         value: String,
     },
+    /// The eBPF backend can not start: no `umn daemon` to ask, and this process may not load
+    /// BPF programs (or the kernel lacks what they need).
+    Ebpf {
+        /// What was tried and what each attempt returned.
+        reason: String,
+    },
     /// `Backend::Auto`: neither backend can start.
     NoBackend {
         /// Why userfaultfd can not.
@@ -66,9 +72,10 @@ impl fmt::Display for Unsupported {
             Unsupported::Hooks { reason } => {
                 write!(f, "the hooks backend can not patch libc: {reason}")
             }
+            Unsupported::Ebpf { reason } => write!(f, "the eBPF backend can not start: {reason}"),
             Unsupported::UnknownBackend { value } => write!(
                 f,
-                "UMN_BACKEND={value:?} names no backend (expected auto, uffd or hooks)"
+                "UMN_BACKEND={value:?} names no backend (expected auto, uffd, hooks or ebpf)"
             ),
             Unsupported::NoBackend { userfaultfd, hooks } => write!(
                 f,

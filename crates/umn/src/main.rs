@@ -5,6 +5,7 @@ use umn::{coverage, doctor, remove_race};
 
 mod bench;
 mod bench_c;
+mod bench_ebpf;
 mod demo;
 
 const USAGE: &str = "\
@@ -12,7 +13,7 @@ usage: umn <command>
 
 commands:
   doctor             which backends work here, which kernel features exist, what is missing
-  coverage [--json] [--backend auto|uffd|hooks|hybrid]
+  coverage [--json] [--backend auto|uffd|hooks|hybrid|ebpf]
                      run every kind of mapping change against the notifier (each in a child
                      process, on the backend asked for: auto = userfaultfd where it starts,
                      else hooks) and report per kind: detected, expected (can this backend see
@@ -21,11 +22,30 @@ commands:
                      moment (stale uses, REMOVEs settled by grace); exit 0 = all expected kinds
                      detected with no stale use, 1 = a miss, stale use or problem,
                      3 = some case inconclusive (could not run; not a verdict)
+  daemon [--socket PATH]
+                     (root) load the eBPF programs once for this node and hand each process
+                     that connects its area over a Unix socket (default
+                     /run/ummunotify/ebpf.sock, or UMN_EBPF_SOCKET); runs in the foreground
+                     until killed (a systemd unit: docs/umn-daemon.service)
   demo               the x == y story with io_uring fixed buffers: a naive cache writes stale
                      bytes, the ummunotify cache does not
-  bench [--json]     cache and notifier costs as ratios to baselines measured in the same run
-                     (build with --release)
+  bench [--json] [--ebpf]
+                     cache and notifier costs as ratios to baselines measured in the same run
+                     (build with --release); --ebpf: only the eBPF backend's rows (root)
 ";
+
+/// `umn daemon`: load, bind, say so on stderr (the journal), serve until killed.
+fn daemon(path: &std::path::Path) -> std::io::Result<()> {
+    use ummunotify::ebpf::Daemon;
+    let d = Daemon::new()?;
+    let listener = Daemon::bind(path)?;
+    eprintln!(
+        "umn daemon: {} tracepoints attached; serving areas on {}",
+        d.programs().tracepoints().len(),
+        path.display()
+    );
+    d.serve(listener)
+}
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -52,7 +72,7 @@ fn main() -> ExitCode {
                             Some(b) => asked = b,
                             None => {
                                 eprint!(
-                                    "umn coverage: --backend needs auto, uffd, hooks or hybrid\n{USAGE}"
+                                    "umn coverage: --backend needs auto, uffd, hooks, hybrid or ebpf\n{USAGE}"
                                 );
                                 return ExitCode::from(2);
                             }
@@ -102,6 +122,25 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         }
+        ["daemon", rest @ ..] => {
+            let path = match rest {
+                [] => std::env::var_os(ummunotify::ebpf::SOCKET_ENV)
+                    .unwrap_or_else(|| ummunotify::ebpf::DEFAULT_SOCKET.into())
+                    .into(),
+                ["--socket", p] => std::path::PathBuf::from(p),
+                _ => {
+                    eprint!("{USAGE}");
+                    return ExitCode::from(2);
+                }
+            };
+            match daemon(&path) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("umn daemon: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         ["demo"] => match demo::run() {
             Ok(true) => ExitCode::SUCCESS,
             Ok(false) => ExitCode::FAILURE,
@@ -110,8 +149,18 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        ["bench", rest @ ..] if rest.iter().all(|a| *a == "--json" || *a == "--quick") => {
-            match bench::run(rest.contains(&"--quick")) {
+        ["bench", rest @ ..]
+            if rest
+                .iter()
+                .all(|a| matches!(*a, "--json" | "--quick" | "--ebpf")) =>
+        {
+            let quick = rest.contains(&"--quick");
+            let result = if rest.contains(&"--ebpf") {
+                bench_ebpf::rows(if quick { 200 } else { 2_000 })
+            } else {
+                bench::run(quick)
+            };
+            match result {
                 Ok(rows) => {
                     if rest.contains(&"--json") {
                         println!("{}", bench::to_json(&rows));

@@ -71,6 +71,7 @@ pub fn expects(backend: Backend, kind: ChangeKind) -> bool {
     match backend {
         Backend::Hooks => kind.hooks_report(),
         Backend::Hybrid => kind.hybrid_reports(),
+        Backend::Ebpf => kind.ebpf_reports(),
         _ => kind.userfaultfd_reports(),
     }
 }

@@ -48,6 +48,12 @@
 //!   ([`Sink::invalidate_in_thread`](crate::sink::Sink::invalidate_in_thread)), before it makes
 //!   the syscall and again after it. No monitor, no message, no window needed (the second pass
 //!   is the window's end).
+//! * **ebpf** ([`ebpf`]): programs on the syscall-entry tracepoints bump, in the calling thread
+//!   before the syscall changes anything, a word per watched range in an mmapped BPF array and
+//!   the array's counter; the watcher's [`Probe`](crate::sink::Probe) compares the counter with
+//!   the last value it delivered (one load when nothing changed) and delivers the moved words.
+//!   The programs on the `sys_exit_*` tracepoints bump again for ranges watched while the call
+//!   ran, so a registration inside a call's window never stays valid (the window's end).
 //!
 //! # Adding a backend
 //! One module (`backend/NAME/`) with a type implementing [`Watcher`], one [`Backend`] variant
@@ -65,6 +71,7 @@
 //!
 //! With a probe, the notifier's counter carries [`crate::generation::PULL`] and every check
 //! pulls first; without one the fast path stays one load and one compare.
+pub mod ebpf;
 pub(crate) mod hooks;
 mod hybrid;
 pub(crate) mod table;
@@ -93,29 +100,36 @@ pub enum Backend {
     /// round trip); userfaultfd still sees raw syscalls, io_uring and `process_madvise`; pages
     /// another userfaultfd owns are watched by the hooks alone.
     Hybrid,
+    /// BPF programs on the syscall tracepoints bump a word per watched range in a mapped
+    /// array, in the calling thread; checks pull (one load when nothing changed). Needs a
+    /// running `umn daemon`, or root to load the programs; misses io_uring and file-level
+    /// changes.
+    Ebpf,
 }
 
 /// The environment variable [`Notifier::new`](crate::Notifier::new) reads.
 pub const BACKEND_ENV: &str = "UMN_BACKEND";
 
 impl Backend {
-    /// The name `UMN_BACKEND` and `umn` use: `auto`, `uffd`, `hooks`, `hybrid`.
+    /// The name `UMN_BACKEND` and `umn` use: `auto`, `uffd`, `hooks`, `hybrid`, `ebpf`.
     pub fn name(self) -> &'static str {
         match self {
             Backend::Auto => "auto",
             Backend::Userfaultfd => "uffd",
             Backend::Hooks => "hooks",
             Backend::Hybrid => "hybrid",
+            Backend::Ebpf => "ebpf",
         }
     }
 
-    /// Parses `auto`, `uffd` (or `userfaultfd`), `hooks`, `hybrid`.
+    /// Parses `auto`, `uffd` (or `userfaultfd`), `hooks`, `hybrid`, `ebpf` (or `bpf`).
     pub fn from_name(name: &str) -> Option<Backend> {
         match name.trim() {
             "auto" | "" => Some(Backend::Auto),
             "uffd" | "userfaultfd" => Some(Backend::Userfaultfd),
             "hooks" => Some(Backend::Hooks),
             "hybrid" => Some(Backend::Hybrid),
+            "ebpf" | "bpf" => Some(Backend::Ebpf),
             _ => None,
         }
     }
@@ -220,6 +234,21 @@ pub(crate) fn open(
             );
             Ok((hybrid::watcher(ctx), Backend::Hybrid, why))
         }
+        Backend::Ebpf => {
+            let area = ebpf::Area::shared().map_err(|e| crate::Unsupported::Ebpf {
+                reason: e.to_string(),
+            })?;
+            let how = if area.is_local() {
+                "asked for ebpf: programs loaded in this process"
+            } else {
+                "asked for ebpf: area from umn daemon"
+            };
+            Ok((
+                Box::new(ebpf::EbpfWatcher::new(area)),
+                Backend::Ebpf,
+                how.to_string(),
+            ))
+        }
         Backend::Hooks => hooks()
             .map(|(w, b, how)| (w, b, format!("asked for hooks: {how}")))
             .map_err(|reason| crate::Unsupported::Hooks { reason }),
@@ -296,5 +325,5 @@ pub fn probe() -> Vec<BackendReport> {
             auto,
         ],
     };
-    vec![u, h, hybrid]
+    vec![u, h, hybrid, ebpf::probe()]
 }
