@@ -8,7 +8,8 @@
 #
 # Environment: UMN_KERNEL_CACHE (kernel build cache, default /var/cache/ummunotify-kernel),
 # UMN_STRESS_SECS (REMOVE stress seconds per implementation, default 10), UMN_BENCH=0 to skip
-# the benchmark, UMN_GUEST_TIMEOUT (seconds, default 900).
+# the benchmarks (the C one and `umn designs`), UMN_STORM (regions in `umn designs`' storm,
+# default 100000), UMN_GUEST_TIMEOUT (seconds, default 900).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
@@ -39,9 +40,18 @@ make -s -C "$kdir" M="$out/module" modules >&2
 ko="$out/module/ummunotify.ko"
 [ -f "$ko" ] || { say "module build produced no $ko"; exit 1; }
 
-# 3. The preload and the C library (cargo), and the C programs.
-cargo build -q --release -p ummunotify-compat -p ummunotify-capi
+# 3. The preload and the C library (cargo), the Rust programs (umn: coverage and the designs
+# side by side; the kernel backend's tests), and the C programs.
+cargo build -q --release -p ummunotify-compat -p ummunotify-capi -p umn
 rel="$repo/target/release"
+kernel_tests=$(cargo test -q --release -p ummunotify --test kernel_backend --no-run \
+    --message-format=json | python3 -c 'import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("executable") and m.get("target", {}).get("name") == "kernel_backend":
+        print(m["executable"])')
+[ -x "$kernel_tests" ] || { say "no kernel_backend test binary"; exit 1; }
+cp "$kernel_tests" "$out/kernel_backend"
 cflags=(-std=gnu11 -Wall -Wextra -Werror -O2 -g -pthread)
 gcc "${cflags[@]}" -I crates/ummunotify-compat/tests/c -I kernel/guest \
     kernel/guest/abi2010-suite.c -o "$out/abi2010-suite"
@@ -49,7 +59,8 @@ gcc "${cflags[@]}" -I kernel/module -I kernel/guest kernel/guest/exact2010.c -o 
 gcc "${cflags[@]}" -I kernel/module kernel/guest/remove_stress.c -o "$out/remove_stress"
 gcc "${cflags[@]}" -I include -I kernel/guest kernel/guest/capi_smoke.c -o "$out/capi_smoke" \
     -L "$rel" -lummunotify -Wl,-rpath,/lib
-progs=("$out/abi2010-suite" "$out/exact2010" "$out/remove_stress" "$out/capi_smoke")
+progs=("$out/abi2010-suite" "$out/exact2010" "$out/remove_stress" "$out/capi_smoke" \
+    "$out/kernel_backend" "$rel/umn")
 if [ -f kernel/guest/bench.c ]; then
     gcc "${cflags[@]}" -I kernel/module kernel/guest/bench.c -o "$out/bench"
     progs+=("$out/bench")
@@ -89,7 +100,7 @@ say "booting the guest (timeout ${timeout_s}s, log $log)"
 set +e
 timeout -k 10 "$timeout_s" qemu-system-x86_64 -accel tcg -smp 2 -m 1024 -nographic -no-reboot \
     -kernel "$kdir/arch/x86/boot/bzImage" -initrd "$out/initrd.gz" \
-    -append "console=ttyS0 rdinit=/init panic=-1 quiet umn.stress=${UMN_STRESS_SECS:-10} umn.bench=${UMN_BENCH:-1}" \
+    -append "console=ttyS0 rdinit=/init panic=-1 quiet umn.stress=${UMN_STRESS_SECS:-10} umn.bench=${UMN_BENCH:-1} umn.storm=${UMN_STORM:-100000}" \
     </dev/null >"$log" 2>&1
 qemu_rc=$?
 set -e

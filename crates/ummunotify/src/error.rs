@@ -35,6 +35,12 @@ pub enum Unsupported {
         /// The value found.
         value: String,
     },
+    /// The kernel backend: `/dev/ummunotify` (this project's module, `kernel/module/`) is not
+    /// there or is not usable.
+    NoKernelModule {
+        /// What was tried and what it returned.
+        reason: String,
+    },
     /// `Backend::Auto`: neither backend can start.
     NoBackend {
         /// Why userfaultfd can not.
@@ -65,6 +71,9 @@ impl fmt::Display for Unsupported {
             Unsupported::Other(e) => write!(f, "userfaultfd handshake failed: {e}"),
             Unsupported::Hooks { reason } => {
                 write!(f, "the hooks backend can not patch libc: {reason}")
+            }
+            Unsupported::NoKernelModule { reason } => {
+                write!(f, "the ummunotify kernel module is not usable: {reason}")
             }
             Unsupported::UnknownBackend { value } => write!(
                 f,

@@ -88,6 +88,8 @@ mod segvec;
 mod sys;
 
 #[cfg(not(loom))]
+pub use backend::kernel::KernelNotifier;
+#[cfg(not(loom))]
 pub use backend::{probe, Backend, BackendReport, BACKEND_ENV};
 #[cfg(not(loom))]
 pub use cache::Cache;

@@ -6,21 +6,28 @@ use umn::{coverage, doctor};
 mod bench;
 mod bench_c;
 mod demo;
+mod designs;
 
 const USAGE: &str = "\
 usage: umn <command>
 
 commands:
   doctor             which backends work here, which kernel features exist, what is missing
-  coverage [--json] [--backend auto|uffd|hooks]
+  coverage [--json] [--backend auto|uffd|hooks|kernel]
                      run every kind of mapping change against the notifier (each in a child
                      process, on the backend asked for: auto = userfaultfd where it starts,
-                     else hooks) and report per kind: detected, expected (can this backend see
-                     it at all), stale uses, which oracle judged; exit 0 = all expected kinds
+                     else hooks; kernel = the /dev/ummunotify module) and report per kind:
+                     detected, expected (can this backend see it at all), stale uses, which
+                     oracle judged; exit 0 = all expected kinds
                      detected with no stale use, 1 = a miss, stale use or problem,
                      3 = some case inconclusive (could not run; not a verdict)
   demo               the x == y story with io_uring fixed buffers: a naive cache writes stale
                      bytes, the ummunotify cache does not
+  designs [--cycles N] [--storm N]
+                     the designs side by side (kernel module, userfaultfd, hooks): munmap and
+                     madvise of a registered and an unregistered page, the check, register +
+                     unregister, a storm of N regions, each as a ratio to a baseline measured
+                     in the same process just before (TSC ticks; for the guest of kernel/ci.sh)
   bench [--json]     cache and notifier costs as ratios to baselines measured in the same run
                      (build with --release)
 ";
@@ -41,16 +48,21 @@ fn main() -> ExitCode {
         ["coverage", rest @ ..] => {
             let mut json = false;
             let mut asked = ummunotify::Backend::Auto;
+            let mut kernel = false;
             let mut it = rest.iter();
             while let Some(a) = it.next() {
                 match *a {
                     "--json" => json = true,
+                    "--backend" if it.clone().next() == Some(&coverage::KERNEL) => {
+                        it.next();
+                        kernel = true;
+                    }
                     "--backend" => {
                         match it.next().and_then(|b| ummunotify::Backend::from_name(b)) {
                             Some(b) => asked = b,
                             None => {
                                 eprint!(
-                                    "umn coverage: --backend needs auto, uffd or hooks\n{USAGE}"
+                                    "umn coverage: --backend needs auto, uffd, hooks or kernel\n{USAGE}"
                                 );
                                 return ExitCode::from(2);
                             }
@@ -69,6 +81,21 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
+            if kernel {
+                let rows = match coverage::run_all_kernel(&exe) {
+                    Ok(rows) => rows,
+                    Err(e) => {
+                        eprintln!("umn coverage: backend kernel can not start: {e}");
+                        return ExitCode::FAILURE;
+                    }
+                };
+                if json {
+                    println!("{}", coverage::to_json(coverage::KERNEL, &rows));
+                } else {
+                    print!("{}", coverage::to_table(coverage::KERNEL, &rows));
+                }
+                return ExitCode::from(coverage::exit_status(&rows));
+            }
             let backend = match coverage::resolve(asked) {
                 Ok(b) => b,
                 Err(e) => {
@@ -114,6 +141,22 @@ fn main() -> ExitCode {
                     eprintln!("umn bench: {e}");
                     ExitCode::FAILURE
                 }
+            }
+        }
+        ["designs", rest @ ..] => {
+            let num = |flag: &str, default: usize| {
+                rest.iter()
+                    .position(|a| *a == flag)
+                    .and_then(|i| rest.get(i + 1))
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(default)
+            };
+            let rows = designs::run(num("--cycles", 2000), num("--storm", 100_000));
+            print!("{}", designs::to_table(&rows));
+            if rows.is_empty() {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
             }
         }
         ["help"] | ["--help"] | ["-h"] => {

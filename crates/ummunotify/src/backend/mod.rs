@@ -22,6 +22,7 @@
 //! monitor and no message; the thread making the change invalidates the regions itself, before
 //! its syscall and again after it (see its module doc).
 pub(crate) mod hooks;
+pub(crate) mod kernel;
 pub(crate) mod uffd;
 
 use std::io;
@@ -199,5 +200,5 @@ pub struct BackendReport {
 /// Probing the hooks backend installs it (patches libc in this process, for good: with no hooks
 /// notifier alive that costs each hooked libc call a few loads).
 pub fn probe() -> Vec<BackendReport> {
-    vec![uffd::probe(), hooks::probe()]
+    vec![kernel::probe(), uffd::probe(), hooks::probe()]
 }
