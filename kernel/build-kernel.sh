@@ -4,6 +4,10 @@
 # /var/cache/ummunotify-kernel), keyed by the source package version, kernel.config and the recipe version below,
 # so a later run on the same machine reuses it (a build that did not finish has no .done and is
 # redone). Prints the build directory on its last line.
+#
+# With UMN_KERNEL_PATCH=file (a -p1 patch against the source, e.g. kernel/patches/*.patch) the
+# patch is applied after extraction and is part of the key: a patched kernel is a build of its
+# own, next to the stock one.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cache=${UMN_KERNEL_CACHE:-/var/cache/ummunotify-kernel}
@@ -12,7 +16,9 @@ tarball=/usr/src/linux-source-6.1.tar.xz
 version=$(dpkg-query -W -f='${Version}' linux-source-6.1)
 # Bump recipe when a change to the steps below must invalidate cached builds.
 recipe=2
-key=$( (cat "$here/kernel.config"; echo "recipe=$recipe") | sha256sum | cut -c1-16)
+patch_file=${UMN_KERNEL_PATCH:-}
+key=$( (cat "$here/kernel.config"; echo "recipe=$recipe"; [ -z "$patch_file" ] || cat "$patch_file") |
+    sha256sum | cut -c1-16)
 dir="$cache/linux-$version-$key"
 if [ -f "$dir/.done" ] && [ -f "$dir/arch/x86/boot/bzImage" ]; then
     echo "build-kernel: cached $dir" >&2
@@ -25,6 +31,10 @@ mkdir -p "$dir"
 echo "build-kernel: extracting $tarball ($version)" >&2
 tar -xJf "$tarball" -C "$dir" --strip-components=1
 cd "$dir"
+if [ -n "$patch_file" ]; then
+    echo "build-kernel: applying $patch_file" >&2
+    patch -p1 --no-backup-if-mismatch <"$patch_file" >&2
+fi
 make -s tinyconfig >&2
 # Merge the fragment: kconfig's own merge script, then resolve dependencies.
 scripts/kconfig/merge_config.sh -m .config "$here/kernel.config" >&2

@@ -18,7 +18,16 @@ Reads the guest's serial log and kernel/expected-divergences.txt. Fails (exit 1)
 - `umn designs` did not finish (when the benchmarks ran).
 Prints the side-by-side table, the coverage tables and the benchmark tables.
 
+- the Rust REMOVE race (tests/remove_race.rs, signal on: what ships) finds a stale use or fails
+  (its run with the signal off is printed, not judged: the stock kernel's window).
+
+With --patched, judges the second guest (kernel/patches/uffd-remove-done.patch): the patch's
+own test (uffd_remove_done) must pass, and with the signal off the REMOVE race and the 2010
+REMOVE stress must find no stale use, every REMOVE ended by the kernel's REMOVE_DONE (none by a
+grace period).
+
 Usage: compare.py GUEST_LOG EXPECTED_DIVERGENCES
+       compare.py --patched GUEST_LOG
 """
 import json
 import re
@@ -88,6 +97,81 @@ def parse_log(path):
     return results, done, module_loaded, dmesg_bad, bench, stress, exits, codes, coverage, designs
 
 
+def parse_races(path):
+    """{label: [remove_race lines]}: each run's lines come before its UMN-EXIT <label> remove_race."""
+    races, pending = {}, []
+    for line in open(path, encoding="utf-8", errors="replace").read().splitlines():
+        if line.startswith("remove_race "):
+            pending.append(line.strip())
+        m = re.match(r"^UMN-EXIT (\S+) remove_race (\S+)", line)
+        if m:
+            races[m.group(1)] = (m.group(2), pending)
+            pending = []
+    return races
+
+
+def judge_race(label, race, judged, want_no_grace=False):
+    """Prints one remove_race run; returns its problems (none when not judged)."""
+    if race is None:
+        return [f"remove_race {label}: never ran"] if judged else []
+    code, lines = race
+    print(f"\nremove_race {label} (exit {code}{'' if judged else ', not judged'})")
+    problems = []
+    stale = grace = 0
+    for line in lines:
+        kv = dict(f.split("=", 1) for f in line.split()[1:] if "=" in f)
+        if "stale" in kv:
+            stale += int(kv["stale"])
+            print(f"  {kv['kind']:<22} {kv['path']:<9} judged={kv['judged']:<7} stale={kv['stale']}")
+        if "removes_by_grace" in kv:
+            grace += int(kv["removes_by_grace"])
+            print(f"  {kv['kind']:<22} {kv['path']:<9} removes_confirmed={kv['removes_confirmed']} "
+                  f"removes_by_grace={kv['removes_by_grace']}")
+    print(f"  total stale uses: {stale}; REMOVEs ended by a grace period: {grace}")
+    if judged:
+        if code != "0":
+            problems.append(f"remove_race {label}: exit {code}")
+        if stale:
+            problems.append(f"remove_race {label}: {stale} stale uses")
+        if want_no_grace and grace:
+            problems.append(f"remove_race {label}: {grace} REMOVEs ended by grace, not by the kernel")
+        if not lines:
+            problems.append(f"remove_race {label}: printed nothing")
+    return problems
+
+
+def patched_main(log):
+    results, done, _, dmesg_bad, _, stress, _, codes, _, _ = parse_log(log)
+    problems = []
+    if not done:
+        problems.append("the patched guest never printed UMN-GUEST-DONE")
+    problems += [f"guest kernel: {line}" for line in dmesg_bad]
+    print("\npatched kernel (kernel/patches/uffd-remove-done.patch)")
+    own = {t: r for (i, t), r in results.items() if i == "patched"}
+    for t, r in sorted(own.items()):
+        print(f"  {t} {r}")
+        if r != "PASS":
+            problems.append(f"{t}: {r}")
+    if len(own) < 4:
+        problems.append(f"uffd_remove_done reported {len(own)} of 4 results")
+    for prog in ("uffd_remove_done", "remove_stress"):
+        if codes.get(("patched", prog)) != "0":
+            problems.append(f"patched: {prog} exit {codes.get(('patched', prog))}")
+    for line in stress:
+        print(line)
+    if results.get(("preload", "remove_stress/madvise_vs_register")) != "PASS":
+        problems.append("patched: the 2010 REMOVE stress through the preload found a stale hit")
+    problems += judge_race("patched (signal off)", parse_races(log).get("patched"), True, True)
+    if problems:
+        print("\nkernel/ci.sh (patched): FAIL")
+        for p in problems:
+            print(f"  - {p}")
+        return 1
+    print("\nkernel/ci.sh (patched): the patch's test passes; 0 stale uses, every REMOVE ended "
+          "by the kernel")
+    return 0
+
+
 def parse_expected(path):
     expected = {}
     for n, line in enumerate(open(path, encoding="utf-8"), 1):
@@ -113,6 +197,8 @@ def matches(result, listed):
 
 
 def main():
+    if sys.argv[1] == "--patched":
+        return patched_main(sys.argv[2])
     log, expected_path = sys.argv[1], sys.argv[2]
     (results, done, module_loaded, dmesg_bad, bench, stress, exits, codes, coverage,
      designs) = parse_log(log)
@@ -173,6 +259,9 @@ def main():
         if codes.get(("kernel", "kernel_backend")) != "0":
             problems.append("the kernel backend's Rust tests (kernel_backend) failed or never ran: "
                             f"exit {codes.get(('kernel', 'kernel_backend'))}")
+        races = parse_races(log)
+        problems += judge_race("stock", races.get("stock"), True)
+        problems += judge_race("stock-nosignal", races.get("stock-nosignal"), False)
         for backend in COVERAGE_BACKENDS:
             problems += judge_coverage(backend, coverage.get(backend),
                                        codes.get((backend, "coverage")))

@@ -24,6 +24,15 @@
 //!    exits (it blocks the signal) ends its entry after [`STUCK_GRACE`]. These are the residual
 //!    window, measured by `tests/remove_race.rs`.
 //!
+//! **On a kernel that ends every `REMOVE`** (this project's patch,
+//! `UFFD_FEATURE_EVENT_REMOVE_DONE`, `docs/KERNEL-PATCH.md`) none of that is needed: the remover
+//! sends `UFFD_EVENT_REMOVE_DONE` for the same range after its zap, so an entry recorded with
+//! `kernel_ends` ends exactly when the monitor reads that end ([`InFlight::done`]): no scan, no
+//! signal, no grace window (only [`KERNEL_END_GRACE`], for a remover killed before it could send
+//! the end). Ends are matched by exact range: entries of equal ranges are interchangeable (either
+//! one keeps the range in flight until the last end), and a merged entry (the table was full)
+//! ends only when no end is owed at all.
+//!
 //! Memory is bounded: [`ENTRIES`] entries per notifier (a member set each), a table of
 //! [`THREADS`] named threads for the process. A full entry table merges the new entry into the
 //! newest (union of ranges, the newer ticket): conservative, never stale, and the monitor never
@@ -49,6 +58,10 @@ pub const SIGNAL_OFFSET: i32 = 2;
 pub const UNIDENTIFIED_GRACE: Duration = Duration::from_millis(5);
 /// How long a named thread that neither acknowledged nor exited keeps its entry in flight.
 pub const STUCK_GRACE: Duration = Duration::from_millis(200);
+
+/// How long an entry waits for its kernel end (`kernel_ends`) before it ends anyway: only a
+/// remover killed while it waited for its `REMOVE` to be read never sends the end.
+pub const KERNEL_END_GRACE: Duration = Duration::from_secs(10);
 
 /// `madvise` and `process_madvise` on x86_64 (`/proc/TID/syscall` numbers).
 const NR_MADVISE: i64 = libc::SYS_madvise;
@@ -383,6 +396,10 @@ struct Entry {
     unnamed: bool,
     /// Members were named (by a scan made after the read).
     resolved: bool,
+    /// The kernel sends this `REMOVE`'s end (`UFFD_EVENT_REMOVE_DONE`): ends only by it.
+    kernel_ends: bool,
+    /// Holds more than one `REMOVE` (the table was full).
+    merged: bool,
 }
 
 /// The in-flight `REMOVE`s of one notifier (under its index lock).
@@ -394,6 +411,8 @@ pub(crate) struct InFlight {
     pub confirmed: u64,
     pub by_grace: u64,
     pub merged: u64,
+    /// `REMOVE`s read whose kernel end has not been read yet.
+    owed: u64,
 }
 
 /// Signals to send after the table was updated (outside the index lock).
@@ -418,6 +437,7 @@ impl Default for InFlight {
             confirmed: 0,
             by_grace: 0,
             merged: 0,
+            owed: 0,
         }
     }
 }
@@ -448,17 +468,26 @@ impl InFlight {
     /// When the table is full the entry is merged into the newest one (union of ranges, the
     /// newer ticket, unresolved again): never dropped, never waiting.
     ///
+    /// With `kernel_ends` (the kernel will send this `REMOVE`'s end) the entry needs no naming
+    /// and ends only by [`done`](Self::done).
+    ///
     /// [`resolve`]: Self::resolve
-    pub(crate) fn record(&mut self, start: u64, end: u64) {
+    pub(crate) fn record(&mut self, start: u64, end: u64, kernel_ends: bool) {
         let ticket = issue(&NEXT);
         let since = now_ns();
+        if kernel_ends {
+            self.owed += 1;
+        }
         if self.len == ENTRIES {
             let last = &mut self.entries[ENTRIES - 1];
             last.start = last.start.min(start);
             last.end = last.end.max(end);
             last.ticket = ticket;
             last.since = since;
-            last.resolved = false;
+            last.merged = true;
+            // Ended by the kernel only if every REMOVE in it is.
+            last.kernel_ends &= kernel_ends;
+            last.resolved = last.kernel_ends;
             self.merged += 1;
             return;
         }
@@ -467,9 +496,43 @@ impl InFlight {
             end,
             ticket,
             since,
+            kernel_ends,
+            resolved: kernel_ends,
             ..Entry::default()
         };
         self.len += 1;
+    }
+
+    /// The kernel's end of a `REMOVE` of exactly `[start, end)` was read: its zap is over. Ends
+    /// the oldest unmerged entry of exactly that range; a merged entry ends once no end is owed.
+    pub(crate) fn done(&mut self, start: u64, end: u64) {
+        self.owed = self.owed.saturating_sub(1);
+        let exact = self.entries[..self.len]
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.kernel_ends && !e.merged && e.start == start && e.end == end)
+            .min_by_key(|(_, e)| e.ticket)
+            .map(|(i, _)| i);
+        if let Some(i) = exact {
+            self.end_at(i);
+            self.confirmed += 1;
+        }
+        if self.owed == 0 {
+            let mut i = 0;
+            while i < self.len {
+                if self.entries[i].kernel_ends {
+                    self.end_at(i);
+                    self.confirmed += 1;
+                } else {
+                    i += 1;
+                }
+            }
+        }
+    }
+
+    fn end_at(&mut self, i: usize) {
+        self.len -= 1;
+        self.entries[i] = self.entries[self.len];
     }
 
     /// The ticket counter now: a scan started after this value was read can resolve every
@@ -541,11 +604,22 @@ impl InFlight {
         let mut sig: Option<Option<i32>> = None;
         while i < self.len {
             let e = &self.entries[i];
+            let age = now.saturating_sub(e.since);
+            if e.kernel_ends {
+                // Ends by its kernel end (`done`); only a killed remover never sends one.
+                if age >= KERNEL_END_GRACE.as_nanos() as u64 {
+                    self.by_grace += 1;
+                    self.end_at(i);
+                    ended = true;
+                } else {
+                    i += 1;
+                }
+                continue;
+            }
             if !e.resolved {
                 i += 1;
                 continue;
             }
-            let age = now.saturating_sub(e.since);
             let mut all = true;
             for m in e.members.iter() {
                 if acked(&ACK[m], e.ticket) || gone.has(m) {
@@ -944,7 +1018,7 @@ mod tests {
     #[test]
     fn an_entry_blocks_until_resolved_and_acknowledged() {
         let mut f = InFlight::default();
-        f.record(0x1000, 0x2000);
+        f.record(0x1000, 0x2000, false);
         assert!(f.overlaps(0x1800, 0x1900) && !f.overlaps(0x2000, 0x3000));
         assert!(f.unresolved(0x1000, 0x2000));
         // Unresolved entries never end by a sweep.
@@ -961,13 +1035,50 @@ mod tests {
     fn a_full_table_merges_instead_of_dropping() {
         let mut f = InFlight::default();
         for i in 0..ENTRIES as u64 + 3 {
-            f.record(i * 0x1000, i * 0x1000 + 0x1000);
+            f.record(i * 0x1000, i * 0x1000 + 0x1000, false);
         }
         assert_eq!(f.len(), ENTRIES);
         assert_eq!(f.merged, 3);
         // The merged entry covers every range that went into it.
         let last = ENTRIES as u64 + 2;
         assert!(f.overlaps(last * 0x1000, last * 0x1000 + 1));
+    }
+
+    #[test]
+    fn kernel_ended_entries_end_by_their_end_only() {
+        let mut f = InFlight::default();
+        f.record(0x1000, 0x3000, true);
+        f.record(0x2000, 0x3000, true);
+        // Nothing to name, nothing to signal: no sweep ends them.
+        assert!(!f.unresolved(0x1000, 0x3000));
+        assert!(!f.sweep());
+        assert_eq!(f.len(), 2);
+        // The end of the inner range ends that entry, not the wider one that contains it.
+        f.done(0x2000, 0x3000);
+        assert_eq!(f.len(), 1);
+        assert!(
+            f.overlaps(0x2000, 0x2001),
+            "the wider REMOVE is still zapping there"
+        );
+        f.done(0x1000, 0x3000);
+        assert!(f.is_empty());
+        assert_eq!(f.confirmed, 2);
+    }
+
+    #[test]
+    fn a_merged_kernel_ended_entry_ends_when_no_end_is_owed() {
+        let mut f = InFlight::default();
+        for i in 0..ENTRIES as u64 + 2 {
+            f.record(i * 0x1000, i * 0x1000 + 0x1000, true);
+        }
+        let merged = ENTRIES as u64 + 1;
+        // Ends of everything but the last REMOVE: the merged entry (holding it) stays.
+        for i in 0..ENTRIES as u64 + 1 {
+            f.done(i * 0x1000, i * 0x1000 + 0x1000);
+        }
+        assert!(f.overlaps(merged * 0x1000, merged * 0x1000 + 1));
+        f.done(merged * 0x1000, merged * 0x1000 + 0x1000);
+        assert!(f.is_empty());
     }
 
     #[test]

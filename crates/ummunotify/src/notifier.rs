@@ -440,7 +440,7 @@ impl Shared {
                 // range as having lost coverage.
                 l.invalidate(from, end, true, false)
             }
-            Invalidation::Other => (false, 0),
+            Invalidation::RemoveDone { .. } | Invalidation::Other => (false, 0),
         };
         self.invalidations.fetch_add(hits, Relaxed);
         if hits > 0 {
@@ -473,9 +473,18 @@ impl Shared {
     /// until its sender is known to have zapped (`crate::inflight`). Event path: no allocation,
     /// no syscall but the vDSO clock, the index lock only.
     pub(crate) fn record_remove(&self, start: u64, end: u64) {
+        let ends = self.uffd.remove_ends();
         let mut l = self.lock_index();
         l.st.inflight.sweep();
-        l.st.inflight.record(start, end);
+        l.st.inflight.record(start, end, ends);
+    }
+
+    /// Monitor, on the patched kernel's `REMOVE_DONE`: the zap of that `REMOVE` is over. Event
+    /// path, as `record_remove`.
+    pub(crate) fn remove_done(&self, start: u64, end: u64) {
+        let mut l = self.lock_index();
+        l.st.inflight.done(start, end);
+        l.st.inflight.sweep();
     }
 
     /// Monitor step 6 (the notification count settled first).

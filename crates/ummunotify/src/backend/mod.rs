@@ -124,6 +124,11 @@ impl Watcher {
         }
     }
 
+    /// Whether every `Remove` will be followed by its `RemoveDone` (the patched kernel).
+    pub(crate) fn remove_ends(&self) -> bool {
+        matches!(self, Watcher::Uffd(u) if u.has_remove_done())
+    }
+
     /// See `Uffd::close_from_monitor`.
     pub(crate) fn close_from_monitor(&self) {
         if let Watcher::Uffd(u) = self {
@@ -142,6 +147,9 @@ pub(crate) enum Invalidation {
     /// The pages of `[start, end)` are being dropped (madvise `DONTNEED`/`FREE`/`REMOVE`, ...);
     /// the mapping and its watch stay.
     Remove { start: u64, end: u64 },
+    /// The zap a `Remove` of exactly `[start, end)` announced is over (the patched kernel's
+    /// `UFFD_EVENT_REMOVE_DONE`, sent by the remover after the zap). Not a change.
+    RemoveDone { start: u64, end: u64 },
     /// The pages of `[from, from + len)` moved to `to` (mremap); the watch moved with them.
     Remap { from: u64, to: u64, len: u64 },
     /// Anything else the backend reports (ignored).

@@ -84,8 +84,11 @@ fn run(shared: &Shared) {
                 Ok(Some(())) => {
                     let inv = decode(&msg);
                     // A REMOVE's zap comes after this read: in flight until its sender is back.
-                    if let Invalidation::Remove { start, end } = inv {
-                        shared.record_remove(start, end);
+                    match inv {
+                        Invalidation::Remove { start, end } => shared.record_remove(start, end),
+                        // The patched kernel's end of a REMOVE: its zap is over.
+                        Invalidation::RemoveDone { start, end } => shared.remove_done(start, end),
+                        _ => {}
                     }
                     if catch_unwind(AssertUnwindSafe(|| shared.apply(inv))).is_err() {
                         shared.kill();
