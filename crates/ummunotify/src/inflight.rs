@@ -24,15 +24,6 @@
 //!    exits (it blocks the signal) ends its entry after [`STUCK_GRACE`]. These are the residual
 //!    window, measured by `tests/remove_race.rs`.
 //!
-//! **On a kernel that ends every `REMOVE`** (this project's patch,
-//! `UFFD_FEATURE_EVENT_REMOVE_DONE`, `docs/KERNEL-PATCH.md`) none of that is needed: the remover
-//! sends `UFFD_EVENT_REMOVE_DONE` for the same range after its zap, so an entry recorded with
-//! `kernel_ends` ends exactly when the monitor reads that end ([`InFlight::done`]): no scan, no
-//! signal, no grace window (only [`KERNEL_END_GRACE`], for a remover killed before it could send
-//! the end). Ends are matched by exact range: entries of equal ranges are interchangeable (either
-//! one keeps the range in flight until the last end), and a merged entry (the table was full)
-//! ends only when no end is owed at all.
-//!
 //! Memory is bounded: [`ENTRIES`] entries per notifier (a member set each), a table of
 //! [`THREADS`] named threads for the process. A full entry table merges the new entry into the
 //! newest (union of ranges, the newer ticket): conservative, never stale, and the monitor never
@@ -58,10 +49,6 @@ pub const SIGNAL_OFFSET: i32 = 2;
 pub const UNIDENTIFIED_GRACE: Duration = Duration::from_millis(5);
 /// How long a named thread that neither acknowledged nor exited keeps its entry in flight.
 pub const STUCK_GRACE: Duration = Duration::from_millis(200);
-
-/// How long an entry waits for its kernel end (`kernel_ends`) before it ends anyway: only a
-/// remover killed while it waited for its `REMOVE` to be read never sends the end.
-pub const KERNEL_END_GRACE: Duration = Duration::from_secs(10);
 
 /// `madvise` and `process_madvise` on x86_64 (`/proc/TID/syscall` numbers).
 const NR_MADVISE: i64 = libc::SYS_madvise;
@@ -396,10 +383,10 @@ struct Entry {
     unnamed: bool,
     /// Members were named (by a scan made after the read).
     resolved: bool,
-    /// The kernel sends this `REMOVE`'s end (`UFFD_EVENT_REMOVE_DONE`): ends only by it.
-    kernel_ends: bool,
-    /// Holds more than one `REMOVE` (the table was full).
+    /// Holds more than one invalidation (the table was full): `close` can not end it.
     merged: bool,
+    /// Ended by `close` (or `STUCK_GRACE`), never by naming senders.
+    explicit: bool,
 }
 
 /// The in-flight `REMOVE`s of one notifier (under its index lock).
@@ -411,8 +398,6 @@ pub(crate) struct InFlight {
     pub confirmed: u64,
     pub by_grace: u64,
     pub merged: u64,
-    /// `REMOVE`s read whose kernel end has not been read yet.
-    owed: u64,
 }
 
 /// Signals to send after the table was updated (outside the index lock).
@@ -437,7 +422,6 @@ impl Default for InFlight {
             confirmed: 0,
             by_grace: 0,
             merged: 0,
-            owed: 0,
         }
     }
 }
@@ -468,71 +452,56 @@ impl InFlight {
     /// When the table is full the entry is merged into the newest one (union of ranges, the
     /// newer ticket, unresolved again): never dropped, never waiting.
     ///
-    /// With `kernel_ends` (the kernel will send this `REMOVE`'s end) the entry needs no naming
-    /// and ends only by [`done`](Self::done).
+    /// Returns the entry's ticket, for [`close`](Self::close). An `explicit` entry is ended by
+    /// `close` (the backend knows the end), or after [`STUCK_GRACE`]; nobody is named for it.
     ///
     /// [`resolve`]: Self::resolve
-    pub(crate) fn record(&mut self, start: u64, end: u64, kernel_ends: bool) {
+    pub(crate) fn record(&mut self, start: u64, end: u64, explicit: bool) -> u64 {
         let ticket = issue(&NEXT);
         let since = now_ns();
-        if kernel_ends {
-            self.owed += 1;
-        }
         if self.len == ENTRIES {
             let last = &mut self.entries[ENTRIES - 1];
             last.start = last.start.min(start);
             last.end = last.end.max(end);
             last.ticket = ticket;
             last.since = since;
+            // A merge that holds an explicit window ends only by grace (conservative: the
+            // learnt part then waits `STUCK_GRACE` too); otherwise its senders are named again.
+            last.explicit |= explicit;
+            last.resolved = last.explicit;
             last.merged = true;
-            // Ended by the kernel only if every REMOVE in it is.
-            last.kernel_ends &= kernel_ends;
-            last.resolved = last.kernel_ends;
             self.merged += 1;
-            return;
+            return ticket;
         }
         self.entries[self.len] = Entry {
             start,
             end,
             ticket,
             since,
-            kernel_ends,
-            resolved: kernel_ends,
+            // Nothing to name: `resolve` and `sweep`'s naming skip it.
+            resolved: explicit,
+            explicit,
             ..Entry::default()
         };
         self.len += 1;
+        ticket
     }
 
-    /// The kernel's end of a `REMOVE` of exactly `[start, end)` was read: its zap is over. Ends
-    /// the oldest unmerged entry of exactly that range; a merged entry ends once no end is owed.
-    pub(crate) fn done(&mut self, start: u64, end: u64) {
-        self.owed = self.owed.saturating_sub(1);
-        let exact = self.entries[..self.len]
+    /// Ends the entry recorded with `ticket`, for a backend that learns the end of an
+    /// invalidation itself (a kernel module's `invalidate_range_end`). Counted as confirmed.
+    /// An entry merged since (its ticket replaced) is left to the usual rules: the merge may
+    /// cover another invalidation whose end is not known.
+    pub(crate) fn close(&mut self, ticket: u64) -> bool {
+        let Some(i) = self.entries[..self.len]
             .iter()
-            .enumerate()
-            .filter(|(_, e)| e.kernel_ends && !e.merged && e.start == start && e.end == end)
-            .min_by_key(|(_, e)| e.ticket)
-            .map(|(i, _)| i);
-        if let Some(i) = exact {
-            self.end_at(i);
-            self.confirmed += 1;
-        }
-        if self.owed == 0 {
-            let mut i = 0;
-            while i < self.len {
-                if self.entries[i].kernel_ends {
-                    self.end_at(i);
-                    self.confirmed += 1;
-                } else {
-                    i += 1;
-                }
-            }
-        }
-    }
-
-    fn end_at(&mut self, i: usize) {
+            .position(|e| e.ticket == ticket && !e.merged)
+        else {
+            return false;
+        };
         self.len -= 1;
         self.entries[i] = self.entries[self.len];
+        self.confirmed += 1;
+        true
     }
 
     /// The ticket counter now: a scan started after this value was read can resolve every
@@ -604,23 +573,14 @@ impl InFlight {
         let mut sig: Option<Option<i32>> = None;
         while i < self.len {
             let e = &self.entries[i];
-            let age = now.saturating_sub(e.since);
-            if e.kernel_ends {
-                // Ends by its kernel end (`done`); only a killed remover never sends one.
-                if age >= KERNEL_END_GRACE.as_nanos() as u64 {
-                    self.by_grace += 1;
-                    self.end_at(i);
-                    ended = true;
-                } else {
-                    i += 1;
-                }
-                continue;
-            }
             if !e.resolved {
                 i += 1;
                 continue;
             }
-            let mut all = true;
+            let age = now.saturating_sub(e.since);
+            let stuck = age >= STUCK_GRACE.as_nanos() as u64;
+            // An explicit window has no members: only `close` or the grace end it.
+            let mut all = !e.explicit;
             for m in e.members.iter() {
                 if acked(&ACK[m], e.ticket) || gone.has(m) {
                     continue;
@@ -639,7 +599,7 @@ impl InFlight {
                 }
             }
             // A member found gone above counted as not done for this entry; look again.
-            if !all {
+            if !all && !e.explicit {
                 all = e
                     .members
                     .iter()
@@ -649,7 +609,7 @@ impl InFlight {
             let grace = if e.unnamed && all {
                 age >= UNIDENTIFIED_GRACE.as_nanos() as u64
             } else {
-                age >= STUCK_GRACE.as_nanos() as u64
+                stuck
             };
             if confirmed || grace {
                 if confirmed {
@@ -1045,43 +1005,6 @@ mod tests {
     }
 
     #[test]
-    fn kernel_ended_entries_end_by_their_end_only() {
-        let mut f = InFlight::default();
-        f.record(0x1000, 0x3000, true);
-        f.record(0x2000, 0x3000, true);
-        // Nothing to name, nothing to signal: no sweep ends them.
-        assert!(!f.unresolved(0x1000, 0x3000));
-        assert!(!f.sweep());
-        assert_eq!(f.len(), 2);
-        // The end of the inner range ends that entry, not the wider one that contains it.
-        f.done(0x2000, 0x3000);
-        assert_eq!(f.len(), 1);
-        assert!(
-            f.overlaps(0x2000, 0x2001),
-            "the wider REMOVE is still zapping there"
-        );
-        f.done(0x1000, 0x3000);
-        assert!(f.is_empty());
-        assert_eq!(f.confirmed, 2);
-    }
-
-    #[test]
-    fn a_merged_kernel_ended_entry_ends_when_no_end_is_owed() {
-        let mut f = InFlight::default();
-        for i in 0..ENTRIES as u64 + 2 {
-            f.record(i * 0x1000, i * 0x1000 + 0x1000, true);
-        }
-        let merged = ENTRIES as u64 + 1;
-        // Ends of everything but the last REMOVE: the merged entry (holding it) stays.
-        for i in 0..ENTRIES as u64 + 1 {
-            f.done(i * 0x1000, i * 0x1000 + 0x1000);
-        }
-        assert!(f.overlaps(merged * 0x1000, merged * 0x1000 + 1));
-        f.done(merged * 0x1000, merged * 0x1000 + 0x1000);
-        assert!(f.is_empty());
-    }
-
-    #[test]
     fn parses_proc_syscall_lines() {
         let c = parse_syscall(
             b"28 0x7f1234560000 0x4000 0x4 0x0 0x0 0x0 0x7ffd1 0x7f2\n",
@@ -1199,7 +1122,7 @@ mod loom_model {
             }
         }
         let pinned = w.frame.load(SeqCst);
-        if w.returned.load(SeqCst) && region_valid(&w.counter, &w.word, VALID) {
+        if w.returned.load(SeqCst) && region_valid(&w.counter, &w.word, VALID, || {}) {
             assert_eq!(pinned, NEW, "valid registration pins the dropped frame");
         }
     }

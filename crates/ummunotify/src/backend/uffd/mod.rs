@@ -8,9 +8,11 @@ use std::io;
 use std::mem::ManuallyDrop;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::Arc;
 
-use super::{BackendReport, Invalidation};
-use crate::Unsupported;
+use super::{BackendReport, Delivery, Invalidation, Watcher};
+use crate::sink::Sink;
+use crate::{Error, Unsupported};
 use sys::feature;
 
 const REQUIRED: u64 = feature::EVENT_UNMAP | feature::EVENT_REMOVE | feature::EVENT_REMAP;
@@ -149,6 +151,59 @@ impl Drop for Uffd {
     }
 }
 
+/// The userfaultfd backend of one notifier: its context and (once delivering) its monitor.
+///
+/// Visibility rule: the busy protocol. The monitor marks the sink busy before each
+/// single-message `read()`; that read is what releases the unmapping thread.
+struct UffdWatcher {
+    uffd: Arc<Uffd>,
+}
+
+/// The [`Watcher`] for an opened context.
+pub(crate) fn watcher(uffd: Uffd) -> Box<dyn Watcher> {
+    Box::new(UffdWatcher {
+        uffd: Arc::new(uffd),
+    })
+}
+
+impl Watcher for UffdWatcher {
+    fn watch(&self, start: u64, end: u64) -> crate::Result<()> {
+        self.uffd.watch(start, end).map_err(watch_error)
+    }
+
+    fn unwatch(&self, start: u64, end: u64) {
+        // Parts may be unmapped already; the kernel dropped those watches itself.
+        let _ = self.uffd.unwatch(start, end);
+    }
+
+    fn splits_vmas(&self) -> bool {
+        true
+    }
+
+    fn deliver(&self, sink: Arc<dyn Sink>) -> crate::Result<Box<dyn Delivery>> {
+        // REMOVE in flight: the signal that tells a remover is back in user space.
+        crate::inflight::install();
+        let m = monitor::spawn(self.uffd.clone(), sink).map_err(|source| Error::Os {
+            op: "spawn monitor thread",
+            source,
+        })?;
+        Ok(Box::new(m))
+    }
+}
+
+/// Maps a refused `UFFDIO_REGISTER` on a mapped range to a typed error.
+fn watch_error(e: io::Error) -> Error {
+    match e.raw_os_error() {
+        Some(libc::EBUSY) => Error::RangeBusy,
+        Some(libc::ENOMEM) => Error::CoverageLimit(e),
+        Some(libc::EINVAL) | Some(libc::EPERM) => Error::UnsupportedMapping(e),
+        _ => Error::Os {
+            op: "UFFDIO_REGISTER",
+            source: e,
+        },
+    }
+}
+
 /// Decodes a message into an [`Invalidation`]. Event path: no allocation.
 pub(crate) fn decode(msg: &sys::UffdMsg) -> Invalidation {
     match msg.event {
@@ -160,10 +215,7 @@ pub(crate) fn decode(msg: &sys::UffdMsg) -> Invalidation {
             start: msg.arg[0],
             end: msg.arg[1],
         },
-        sys::event::REMOVE_DONE => Invalidation::RemoveDone {
-            start: msg.arg[0],
-            end: msg.arg[1],
-        },
+        // The end of a REMOVE (the patched kernel): not a change; the monitor closes its window.
         sys::event::REMAP => Invalidation::Remap {
             from: msg.arg[0],
             to: msg.arg[1],
@@ -192,7 +244,8 @@ pub(crate) fn probe() -> BackendReport {
         if u.has_remove_done() {
             notes.push(
                 "EVENT_REMOVE_DONE (this project's kernel patch): every REMOVE ends with a \
-                 REMOVE_DONE after its zap; no signal or grace period is needed"
+                 REMOVE_DONE after its zap, which closes its window; no sender is named or \
+                 signalled"
                     .to_string(),
             );
         }
