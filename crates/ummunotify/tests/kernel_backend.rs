@@ -175,3 +175,40 @@ fn a_forked_child_never_trusts_the_parents_registration_and_the_parent_sees_the_
     // SAFETY: test-owned mapping.
     unsafe { libc::munmap(a as *mut _, pg) };
 }
+
+#[test]
+#[ignore = "needs the /dev/ummunotify module: kernel/ci.sh runs it in its guest"]
+fn the_notifier_on_the_kernel_backend_and_auto_prefers_it() {
+    use ummunotify::{Backend, Notifier};
+    let auto = Notifier::with_backend(Backend::Auto).unwrap();
+    assert_eq!(auto.backend(), Backend::Kernel, "{}", auto.backend_reason());
+    drop(auto);
+    let n = Notifier::with_backend(Backend::Kernel).unwrap();
+    let pg = page();
+    let a = map(4);
+    let r = n.register(a + pg..a + 3 * pg, Cookie(11)).unwrap();
+    let g = n.generation().unwrap();
+    assert!(n.is_valid(r) && n.unchanged_since(g));
+    // A raw syscall: the module sees it in the madvising thread, before it returns.
+    // SAFETY: test-owned mapping.
+    unsafe { libc::syscall(libc::SYS_madvise, a + 2 * pg, pg, libc::MADV_DONTNEED) };
+    assert!(
+        !n.unchanged_since(g),
+        "the counter check did not see the madvise"
+    );
+    assert!(!n.is_valid(r));
+    let ev = n.events().unwrap();
+    assert_eq!(ev.len(), 1);
+    assert_eq!(
+        (ev[0].cookie, ev[0].range(), ev[0].hint),
+        (Cookie(11), a + 2 * pg..a + 3 * pg, true)
+    );
+    let r = n.region(Cookie(11)).unwrap();
+    assert!(n.is_valid(r), "re-armed after the read");
+    n.unregister(Cookie(11)).unwrap();
+    // Unwatched now: a change there reaches no region and moves no counter.
+    let g = n.generation().unwrap();
+    // SAFETY: as above.
+    unsafe { libc::munmap(a as *mut _, 4 * pg) };
+    assert!(n.unchanged_since(g));
+}

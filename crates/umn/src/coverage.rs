@@ -3,15 +3,12 @@
 use std::io;
 use std::process::Command;
 
-use ummunotify::{Backend, Cookie, KernelNotifier, Notifier};
+use ummunotify::{Backend, Cookie, Notifier};
 use ummunotify_testkit::changes::{
     case_json, json_string, print_child_report, run_case, run_in_child, CaseReport, ChangeKind,
 };
 
-use crate::watch::{expects, KernelWatcher, NotifierWatcher};
-
-/// The name `--backend` takes for the `/dev/ummunotify` kernel module ([`KernelNotifier`]).
-pub const KERNEL: &str = "kernel";
+use crate::watch::{expects, NotifierWatcher};
 
 /// The hidden subcommand a child runs.
 pub const CHILD_SUBCOMMAND: &str = "__coverage-case";
@@ -20,13 +17,6 @@ pub const CHILD_SUBCOMMAND: &str = "__coverage-case";
 /// which [`run_all`] sets) and prints the report line for the parent. Used by the child side of
 /// [`run_all`].
 pub fn child_main(kind: ChangeKind) {
-    if std::env::var(ummunotify::BACKEND_ENV).as_deref() == Ok(KERNEL) {
-        let result = KernelNotifier::open()
-            .map_err(io::Error::from)
-            .and_then(|n| run_case(kind, &mut KernelWatcher::new(&n, Cookie(0xC0FFEE))));
-        print_child_report(&result);
-        return;
-    }
     let result = Notifier::new()
         .map_err(io::Error::from)
         .and_then(|n| run_case(kind, &mut NotifierWatcher::new(&n, Cookie(0xC0FFEE))));
@@ -44,9 +34,9 @@ pub struct Row {
 }
 
 impl Row {
-    fn new(kind: ChangeKind, result: io::Result<CaseReport>, expected: bool) -> Row {
+    fn new(kind: ChangeKind, result: io::Result<CaseReport>, backend: Backend) -> Row {
         let report = result.unwrap_or_else(|e| {
-            let mut r = CaseReport::new(kind, expected);
+            let mut r = CaseReport::new(kind, expects(backend, kind));
             r.inconclusive = Some(format!("could not run: {e}"));
             r
         });
@@ -101,6 +91,7 @@ pub fn resolve(asked: Backend) -> Result<Backend, ummunotify::Error> {
 pub fn backend_label(backend: Backend) -> &'static str {
     match backend {
         Backend::Hooks => "hooks",
+        Backend::Kernel => "kernel",
         _ => "userfaultfd",
     }
 }
@@ -114,27 +105,9 @@ pub fn run_all(exe: &std::path::Path, backend: Backend) -> Vec<Row> {
             let mut cmd = Command::new(exe);
             cmd.arg(CHILD_SUBCOMMAND)
                 .env(ummunotify::BACKEND_ENV, backend.name());
-            Row::new(kind, run_in_child(kind, cmd), expects(backend, kind))
+            Row::new(kind, run_in_child(kind, cmd), backend)
         })
         .collect()
-}
-
-/// Runs every kind against the `/dev/ummunotify` kernel module (each in a child process, as
-/// [`run_all`]); the module is expected to see every kind.
-///
-/// # Errors
-/// Why the module can not be used here (checked once, in this process, before any child runs).
-pub fn run_all_kernel(exe: &std::path::Path) -> Result<Vec<Row>, ummunotify::Error> {
-    drop(KernelNotifier::open()?);
-    Ok(ChangeKind::ALL
-        .iter()
-        .map(|&kind| {
-            let mut cmd = Command::new(exe);
-            cmd.arg(CHILD_SUBCOMMAND)
-                .env(ummunotify::BACKEND_ENV, KERNEL);
-            Row::new(kind, run_in_child(kind, cmd), true)
-        })
-        .collect())
 }
 
 /// The `--json` form: `{"backend": ..., "cases": [{"kind", "detected", "expected", "stale_uses",

@@ -1,6 +1,8 @@
 //! `umn designs`: the designs side by side, in one process, each against baselines measured in
-//! the same process right before it starts (issue 15, item 5): the kernel module
-//! (`/dev/ummunotify`), userfaultfd, hooks. Per design: a registered and an unregistered munmap
+//! the same process right before it starts (issue 15, item 5): the `/dev/ummunotify` module
+//! used directly (`module`: `KernelNotifier`, the check one load of the module's word), the
+//! notifier on the kernel backend (`kernel`: the module behind the seam, checks pull its counter),
+//! userfaultfd, hooks. Per design: a registered and an unregistered munmap
 //! and madvise(DONTNEED) of a touched 4 KiB page (×plain, no notifier open), the check (×an
 //! atomic load), register + unregister of one page (×getpid), and a storm of N one-page regions
 //! (register per region and unregister per region ×getpid, one munmap over all ×a plain munmap of
@@ -62,7 +64,7 @@ design!(KernelNotifier);
 /// One row: a design's operation against its baseline, in TSC ticks per operation.
 #[derive(Debug, Clone)]
 pub struct Row {
-    /// `kernel`, `uffd`, `hooks`.
+    /// `module`, `kernel`, `uffd`, `hooks`.
     pub design: &'static str,
     /// The operation.
     pub op: &'static str,
@@ -290,7 +292,7 @@ fn measure(
     ])
 }
 
-/// Runs every design that starts here (kernel, uffd, then hooks, which patch libc for good), each
+/// Runs every design that starts here (module, kernel, uffd, then hooks, which patch libc for good), each
 /// after fresh baselines. `cycles` calls per per-call row, `storm` regions in the storm.
 /// Designs that can not start are reported on stderr and left out.
 pub fn run(cycles: usize, storm: usize) -> Vec<Row> {
@@ -302,7 +304,10 @@ pub fn run(cycles: usize, storm: usize) -> Vec<Row> {
             Err(e) => eprintln!("umn designs: no {name} rows: {e}"),
         }
     };
-    one("kernel", &|| Ok(Box::new(KernelNotifier::open()?)));
+    one("module", &|| Ok(Box::new(KernelNotifier::open()?)));
+    one("kernel", &|| {
+        Ok(Box::new(Notifier::with_backend(Backend::Kernel)?))
+    });
     one("uffd", &|| {
         Ok(Box::new(Notifier::with_backend(Backend::Userfaultfd)?))
     });

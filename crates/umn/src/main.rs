@@ -15,8 +15,9 @@ commands:
   doctor             which backends work here, which kernel features exist, what is missing
   coverage [--json] [--backend auto|uffd|hooks|kernel]
                      run every kind of mapping change against the notifier (each in a child
-                     process, on the backend asked for: auto = userfaultfd where it starts,
-                     else hooks; kernel = the /dev/ummunotify module) and report per kind:
+                     process, on the backend asked for: auto = the /dev/ummunotify module
+                     where loaded, else userfaultfd where it starts, else hooks) and report
+                     per kind:
                      detected, expected (can this backend see it at all), stale uses, which
                      oracle judged; exit 0 = all expected kinds
                      detected with no stale use, 1 = a miss, stale use or problem,
@@ -48,15 +49,10 @@ fn main() -> ExitCode {
         ["coverage", rest @ ..] => {
             let mut json = false;
             let mut asked = ummunotify::Backend::Auto;
-            let mut kernel = false;
             let mut it = rest.iter();
             while let Some(a) = it.next() {
                 match *a {
                     "--json" => json = true,
-                    "--backend" if it.clone().next() == Some(&coverage::KERNEL) => {
-                        it.next();
-                        kernel = true;
-                    }
                     "--backend" => {
                         match it.next().and_then(|b| ummunotify::Backend::from_name(b)) {
                             Some(b) => asked = b,
@@ -81,21 +77,6 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            if kernel {
-                let rows = match coverage::run_all_kernel(&exe) {
-                    Ok(rows) => rows,
-                    Err(e) => {
-                        eprintln!("umn coverage: backend kernel can not start: {e}");
-                        return ExitCode::FAILURE;
-                    }
-                };
-                if json {
-                    println!("{}", coverage::to_json(coverage::KERNEL, &rows));
-                } else {
-                    print!("{}", coverage::to_table(coverage::KERNEL, &rows));
-                }
-                return ExitCode::from(coverage::exit_status(&rows));
-            }
             let backend = match coverage::resolve(asked) {
                 Ok(b) => b,
                 Err(e) => {

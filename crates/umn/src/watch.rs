@@ -1,97 +1,22 @@
-//! [`NotifierWatcher`] and [`KernelWatcher`]: one region of a real notifier (the
-//! [`Notifier`] on any backend, or the `/dev/ummunotify` module's [`KernelNotifier`]), driven by
-//! the testkit's catalogue.
+//! [`NotifierWatcher`]: one region of a real [`Notifier`], driven by the testkit's catalogue.
 use std::ops::Range;
 
-use ummunotify::{Backend, Cookie, Error, Event, Generation, KernelNotifier, Notifier, Region};
+use ummunotify::{Backend, Cookie, Event, Generation, Notifier, Region};
 use ummunotify_testkit::changes::{ChangeKind, Watcher};
 
-/// What a watcher needs of a notifier (both notifiers have these calls).
-pub trait Watchable {
-    /// Registers `range` under `cookie`.
-    fn register(&self, range: Range<usize>, cookie: Cookie) -> Result<Region, Error>;
-    /// A stable snapshot of the counter.
-    fn generation(&self) -> Result<Generation, Error>;
-    /// The O(1) check.
-    fn is_valid(&self, region: Region) -> bool;
-    /// The one-load check.
-    fn unchanged_since(&self, snapshot: Generation) -> bool;
-    /// Every pending event.
-    fn events(&self) -> Result<Vec<Event>, Error>;
-    /// Unregisters `cookie`.
-    fn unregister(&self, cookie: Cookie) -> Result<(), Error>;
-    /// Whether this notifier is expected to see `kind` at all.
-    fn expects(&self, kind: ChangeKind) -> bool;
-}
-
-impl Watchable for Notifier {
-    fn register(&self, range: Range<usize>, cookie: Cookie) -> Result<Region, Error> {
-        Notifier::register(self, range, cookie)
-    }
-    fn generation(&self) -> Result<Generation, Error> {
-        Notifier::generation(self)
-    }
-    fn is_valid(&self, region: Region) -> bool {
-        Notifier::is_valid(self, region)
-    }
-    fn unchanged_since(&self, snapshot: Generation) -> bool {
-        Notifier::unchanged_since(self, snapshot)
-    }
-    fn events(&self) -> Result<Vec<Event>, Error> {
-        Notifier::events(self)
-    }
-    fn unregister(&self, cookie: Cookie) -> Result<(), Error> {
-        Notifier::unregister(self, cookie)
-    }
-    /// What the notifier's backend can see: everything userfaultfd reports, or every libc call.
-    fn expects(&self, kind: ChangeKind) -> bool {
-        expects(self.backend(), kind)
-    }
-}
-
-impl Watchable for KernelNotifier {
-    fn register(&self, range: Range<usize>, cookie: Cookie) -> Result<Region, Error> {
-        KernelNotifier::register(self, range, cookie)
-    }
-    fn generation(&self) -> Result<Generation, Error> {
-        Ok(KernelNotifier::generation(self))
-    }
-    fn is_valid(&self, region: Region) -> bool {
-        KernelNotifier::is_valid(self, region)
-    }
-    fn unchanged_since(&self, snapshot: Generation) -> bool {
-        KernelNotifier::unchanged_since(self, snapshot)
-    }
-    fn events(&self) -> Result<Vec<Event>, Error> {
-        KernelNotifier::events(self)
-    }
-    fn unregister(&self, cookie: Cookie) -> Result<(), Error> {
-        KernelNotifier::unregister(self, cookie)
-    }
-    /// The module's MMU notifiers see every kind in the catalogue.
-    fn expects(&self, _kind: ChangeKind) -> bool {
-        true
-    }
-}
-
-/// Watches one range with a real notifier `N`.
+/// Watches one range with a real notifier.
 #[derive(Debug)]
-pub struct WatchWith<'n, N> {
-    notifier: &'n N,
+pub struct NotifierWatcher<'n> {
+    notifier: &'n Notifier,
     cookie: Cookie,
     region: Option<Region>,
     since: Option<Generation>,
 }
 
-/// Watches one range with a [`Notifier`].
-pub type NotifierWatcher<'n> = WatchWith<'n, Notifier>;
-/// Watches one range with the `/dev/ummunotify` kernel module.
-pub type KernelWatcher<'n> = WatchWith<'n, KernelNotifier>;
-
-impl<'n, N: Watchable> WatchWith<'n, N> {
+impl<'n> NotifierWatcher<'n> {
     /// A watcher that registers its range under `cookie` on `notifier`.
-    pub fn new(notifier: &'n N, cookie: Cookie) -> Self {
-        WatchWith {
+    pub fn new(notifier: &'n Notifier, cookie: Cookie) -> Self {
+        NotifierWatcher {
             notifier,
             cookie,
             region: None,
@@ -100,7 +25,7 @@ impl<'n, N: Watchable> WatchWith<'n, N> {
     }
 }
 
-impl<N: Watchable> Watcher for WatchWith<'_, N> {
+impl Watcher for NotifierWatcher<'_> {
     fn watch(&mut self, range: Range<usize>) -> Result<(), String> {
         let region = self
             .notifier
@@ -129,8 +54,9 @@ impl<N: Watchable> Watcher for WatchWith<'_, N> {
             .collect()
     }
 
+    /// What the notifier's backend can see: everything userfaultfd reports, or every libc call.
     fn expects(&self, kind: ChangeKind) -> bool {
-        self.notifier.expects(kind)
+        expects(self.notifier.backend(), kind)
     }
 
     fn unwatch(&mut self) {
@@ -144,6 +70,8 @@ impl<N: Watchable> Watcher for WatchWith<'_, N> {
 pub fn expects(backend: Backend, kind: ChangeKind) -> bool {
     match backend {
         Backend::Hooks => kind.hooks_report(),
+        // The module's MMU notifiers see every kind in the catalogue.
+        Backend::Kernel => true,
         _ => kind.userfaultfd_reports(),
     }
 }

@@ -78,8 +78,8 @@ use crate::sink::{Probe, Sink};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Backend {
-    /// userfaultfd where it starts, else hooks (what [`Notifier::new`](crate::Notifier::new)
-    /// uses unless `UMN_BACKEND` says otherwise).
+    /// The kernel module where it is loaded, else userfaultfd where it starts, else hooks
+    /// (what [`Notifier::new`](crate::Notifier::new) uses unless `UMN_BACKEND` says otherwise).
     Auto,
     /// userfaultfd's non-cooperative events: sees every kind of change the kernel reports,
     /// libc or raw syscall; one monitor thread.
@@ -87,27 +87,33 @@ pub enum Backend {
     /// libc's unmapping calls patched in the calling thread (x86-64, dynamic glibc): works
     /// where userfaultfd is denied; misses raw syscalls and io_uring.
     Hooks,
+    /// This project's `/dev/ummunotify` kernel module (`kernel/module/`) where it is loaded:
+    /// MMU notifiers in the invalidating thread, every cause, no window; checks pull its
+    /// mapped counter. [`Auto`](Backend::Auto) prefers it.
+    Kernel,
 }
 
 /// The environment variable [`Notifier::new`](crate::Notifier::new) reads.
 pub const BACKEND_ENV: &str = "UMN_BACKEND";
 
 impl Backend {
-    /// The name `UMN_BACKEND` and `umn` use: `auto`, `uffd`, `hooks`.
+    /// The name `UMN_BACKEND` and `umn` use: `auto`, `uffd`, `hooks`, `kernel`.
     pub fn name(self) -> &'static str {
         match self {
             Backend::Auto => "auto",
             Backend::Userfaultfd => "uffd",
             Backend::Hooks => "hooks",
+            Backend::Kernel => "kernel",
         }
     }
 
-    /// Parses `auto`, `uffd` (or `userfaultfd`), `hooks`.
+    /// Parses `auto`, `uffd` (or `userfaultfd`), `hooks`, `kernel`.
     pub fn from_name(name: &str) -> Option<Backend> {
         match name.trim() {
             "auto" | "" => Some(Backend::Auto),
             "uffd" | "userfaultfd" => Some(Backend::Userfaultfd),
             "hooks" => Some(Backend::Hooks),
+            "kernel" => Some(Backend::Kernel),
             _ => None,
         }
     }
@@ -189,7 +195,18 @@ pub(crate) fn open(
         let how = format!("{why}userfaultfd, opened with {}", u.how());
         (uffd::watcher(u), Backend::Userfaultfd, how)
     };
+    // Auto prefers the module where it is loaded (and answers; else on to userfaultfd).
+    if backend == Backend::Auto {
+        if let Ok(w) = kernel::watcher() {
+            let how = "auto: /dev/ummunotify (this project's module) is loaded".to_owned();
+            return Ok((w, Backend::Kernel, how));
+        }
+    }
     match backend {
+        Backend::Kernel => kernel::watcher().map(|w| {
+            let how = "asked for kernel: /dev/ummunotify (this project's module)".to_owned();
+            (w, Backend::Kernel, how)
+        }),
         Backend::Userfaultfd => Ok(uffd(uffd::Uffd::open()?, "asked for ")),
         Backend::Hooks => hooks()
             .map(|(w, b, how)| (w, b, format!("asked for hooks: {how}")))

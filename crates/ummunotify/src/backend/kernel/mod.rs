@@ -32,7 +32,10 @@
 //! answers `EIO` ([`Error::Forked`]) and its view of the words never matches a generation.
 #![allow(unsafe_code)] // The module's mapped counter and slot words are read as atomics.
 
+mod seam;
 pub(crate) mod sys;
+
+pub(crate) use seam::open as watcher;
 
 use std::collections::HashMap;
 use std::io;
