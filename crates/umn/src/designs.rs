@@ -61,6 +61,25 @@ macro_rules! design {
 design!(Notifier);
 design!(KernelNotifier);
 
+/// No notifier at all: the same loop with nothing registered, for the baselines of the per-call
+/// and storm-munmap rows (the same calls on the same kind of pages, in the same order).
+struct Plain(AtomicU64);
+
+impl Design for Plain {
+    fn register(&self, _: Range<usize>, _: u64) -> Result<Region, Error> {
+        Ok(Region::from_raw(0, 0))
+    }
+    fn unregister(&self, _: u64) -> Result<(), Error> {
+        Ok(())
+    }
+    fn is_valid(&self, _: Region) -> bool {
+        self.0.load(Acquire) == 0
+    }
+    fn drain(&self) -> Result<usize, Error> {
+        Ok(0)
+    }
+}
+
 /// One row: a design's operation against its baseline, in TSC ticks per operation.
 #[derive(Debug, Clone)]
 pub struct Row {
@@ -261,7 +280,7 @@ fn measure(
         d.unregister((1 << 48) + i as u64)?;
     }
     let unreg = (tsc() - t0) as f64 / storm as f64;
-    if events != storm {
+    if events != storm && name != "plain" {
         eprintln!(
             "umn designs: {name}: the storm's munmap gave {events} events for {storm} regions"
         );
@@ -292,15 +311,33 @@ fn measure(
     ])
 }
 
-/// Runs every design that starts here (module, kernel, uffd, then hooks, which patch libc for good), each
-/// after fresh baselines. `cycles` calls per per-call row, `storm` regions in the storm.
-/// Designs that can not start are reported on stderr and left out.
+/// Runs every design that starts here (module, kernel, uffd, then hooks, which patch libc for
+/// good), each after fresh baselines: getpid, and the same loop with no notifier (`Plain`), whose
+/// munmap, madvise, check and storm-munmap ticks are the baselines of those rows. `cycles` calls
+/// per per-call row, `storm` regions in the storm. Designs that can not start are reported on
+/// stderr and left out.
 pub fn run(cycles: usize, storm: usize) -> Vec<Row> {
     let mut rows = Vec::new();
     let mut one = |name: &'static str, open: &dyn Fn() -> Result<Box<dyn Design>, Error>| {
         let b = baselines(cycles, storm);
+        let plain = match measure("plain", &Plain(AtomicU64::new(0)), &b, cycles, storm) {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!("umn designs: no baseline: {e}");
+                return;
+            }
+        };
         match open().and_then(|d| measure(name, &*d, &b, cycles, storm)) {
-            Ok(r) => rows.extend(r),
+            Ok(r) => rows.extend(r.into_iter().map(|mut row| {
+                if let Some(p) = plain
+                    .iter()
+                    .find(|p| p.op == row.op && p.base_name != "getpid")
+                {
+                    row.base = p.ticks;
+                    row.base_name = "the same calls, no notifier";
+                }
+                row
+            })),
             Err(e) => eprintln!("umn designs: no {name} rows: {e}"),
         }
     };
