@@ -23,6 +23,10 @@ key=$( (cat "$here/kernel.config"; echo "recipe=$recipe"; [ -z "$patch_file" ] |
 stock_dir="$cache/linux-$version-$( (cat "$here/kernel.config"; echo "recipe=$recipe") |
     sha256sum | cut -c1-16)"
 dir="$cache/linux-$version-$key"
+mkdir -p "$cache"
+# One build of a key at a time: a second caller waits, then finds it cached.
+exec 9>"$cache/.lock-$key"
+flock 9
 if [ -f "$dir/.done" ] && [ -f "$dir/arch/x86/boot/bzImage" ]; then
     echo "build-kernel: cached $dir" >&2
     echo "$dir"

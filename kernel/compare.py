@@ -262,6 +262,7 @@ def main():
         races = parse_races(log)
         problems += judge_race("stock", races.get("stock"), True)
         problems += judge_race("stock-nosignal", races.get("stock-nosignal"), False)
+        problems += judge_race("kernel", races.get("kernel"), True)
         for backend in COVERAGE_BACKENDS:
             problems += judge_coverage(backend, coverage.get(backend),
                                        codes.get((backend, "coverage")))

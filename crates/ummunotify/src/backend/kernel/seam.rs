@@ -17,6 +17,17 @@
 //! the new region before the old one goes, with the pending events pulled in between, so no
 //! event of the remaining pages is dropped with the old registration.
 //!
+//! **Re-arming.** An event is read (and its region may be re-armed and pinned again) while the
+//! invalidation that queued it may still be in progress: the module queues at
+//! `invalidate_range_start`, the zap follows. So events are delivered as unmaps, whose regions
+//! the core watches again before it makes them valid: that watch is a new module registration,
+//! which the module invalidates at `invalidate_range_end` if an overlapping invalidation is still
+//! in progress, and a check after the unmapping call returned pulls that. (Delivered as page drops,
+//! a re-armed region was valid over frames still being zapped: the REMOVE race found 90-337
+//! stale uses per 5 s on the re-arm path in the guest.) A watch of a range already registered
+//! exactly replaces that registration (new first, events pulled, then the old one goes), so
+//! re-arms do not pile up module regions.
+//!
 //! **Events** carry the hint range (the invalidation clipped to the module region) or the whole
 //! module region; the core stabs its own index with that range, which hits every core region
 //! the invalidation hit (and, for a no-hint record, possibly a neighbour: conservative).
@@ -90,7 +101,9 @@ impl Device {
                     let mut last = false;
                     for r in &raw[..n] {
                         match r.kind {
-                            sys::EVENT_TYPE_INVAL => sink.apply(Invalidation::Remove {
+                            // As an unmap: the core then re-watches a region before it re-arms
+                            // (see the module doc), so the re-arm is a fresh module registration.
+                            sys::EVENT_TYPE_INVAL => sink.apply(Invalidation::Unmap {
                                 start: r.hint_start,
                                 end: r.hint_end,
                             }),
@@ -179,7 +192,22 @@ impl KernelWatcher {
 impl Watcher for KernelWatcher {
     fn watch(&self, start: u64, end: u64) -> crate::Result<()> {
         let mut regions = self.regions.lock().unwrap_or_else(|p| p.into_inner());
-        self.register(&mut regions, start, end)
+        let same: Vec<(u64, u64)> = regions
+            .range((start, 0)..(start, u64::MAX))
+            .filter(|(_, r)| r.end == end)
+            .map(|(&k, _)| k)
+            .collect();
+        self.register(&mut regions, start, end)?;
+        if !same.is_empty() {
+            // What the old registrations saw is delivered before they go.
+            self.pull_now();
+            for key in same {
+                if let Some(r) = regions.remove(&key) {
+                    let _ = sys::unregister(self.dev.fd.as_fd(), r.cookie);
+                }
+            }
+        }
+        Ok(())
     }
 
     fn unwatch(&self, start: u64, end: u64) {
