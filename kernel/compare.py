@@ -101,8 +101,10 @@ def parse_races(path):
     """{label: [remove_race lines]}: each run's lines come before its UMN-EXIT <label> remove_race."""
     races, pending = {}, []
     for line in open(path, encoding="utf-8", errors="replace").read().splitlines():
-        if line.startswith("remove_race "):
-            pending.append(line.strip())
+        # libtest may print "test NAME ... " on the same line before the first one.
+        m = re.search(r"remove_race kind=.*", line)
+        if m:
+            pending.append(m.group(0).strip())
         m = re.match(r"^UMN-EXIT (\S+) remove_race (\S+)", line)
         if m:
             races[m.group(1)] = (m.group(2), pending)
@@ -119,7 +121,7 @@ def judge_race(label, race, judged, want_no_grace=False):
     problems = []
     stale = grace = 0
     for line in lines:
-        kv = dict(f.split("=", 1) for f in line.split()[1:] if "=" in f)
+        kv = dict(f.split("=", 1) for f in line.split() if "=" in f)
         if "stale" in kv:
             stale += int(kv["stale"])
             print(f"  {kv['kind']:<22} {kv['path']:<9} judged={kv['judged']:<7} stale={kv['stale']}")
