@@ -41,6 +41,12 @@ pub enum Unsupported {
         /// What was tried and what each attempt returned.
         reason: String,
     },
+    /// The kernel backend: `/dev/ummunotify` (this project's module, `kernel/module/`) is not
+    /// there or is not usable.
+    NoKernelModule {
+        /// What was tried and what it returned.
+        reason: String,
+    },
     /// `Backend::Auto`: neither backend can start.
     NoBackend {
         /// Why userfaultfd can not.
@@ -73,6 +79,9 @@ impl fmt::Display for Unsupported {
                 write!(f, "the hooks backend can not patch libc: {reason}")
             }
             Unsupported::Ebpf { reason } => write!(f, "the eBPF backend can not start: {reason}"),
+            Unsupported::NoKernelModule { reason } => {
+                write!(f, "the ummunotify kernel module is not usable: {reason}")
+            }
             Unsupported::UnknownBackend { value } => write!(
                 f,
                 "UMN_BACKEND={value:?} names no backend (expected auto, uffd, hooks or ebpf)"

@@ -100,6 +100,8 @@ mod sys;
 #[cfg(not(loom))]
 pub use backend::ebpf;
 #[cfg(not(loom))]
+pub use backend::kernel::KernelNotifier;
+#[cfg(not(loom))]
 pub use backend::{probe, Backend, BackendReport, BACKEND_ENV};
 #[cfg(not(loom))]
 pub use cache::Cache;

@@ -95,6 +95,7 @@ pub fn backend_label(backend: Backend) -> &'static str {
         Backend::Hooks => "hooks",
         Backend::Hybrid => "hybrid",
         Backend::Ebpf => "ebpf",
+        Backend::Kernel => "kernel",
         _ => "userfaultfd",
     }
 }

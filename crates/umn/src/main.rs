@@ -7,16 +7,17 @@ mod bench;
 mod bench_c;
 mod bench_ebpf;
 mod demo;
+mod designs;
 
 const USAGE: &str = "\
 usage: umn <command>
 
 commands:
   doctor             which backends work here, which kernel features exist, what is missing
-  coverage [--json] [--backend auto|uffd|hooks|hybrid|ebpf]
+  coverage [--json] [--backend auto|uffd|hooks|hybrid|ebpf|kernel]
                      run every kind of mapping change against the notifier (each in a child
-                     process, on the backend asked for: auto = userfaultfd where it starts,
-                     else hooks) and report per kind: detected, expected (can this backend see
+                     process, on the backend asked for: auto = the /dev/ummunotify module
+                     where loaded, else userfaultfd where it starts, else hooks) and report per kind: detected, expected (can this backend see
                      it at all), stale uses, which oracle judged; then the remove-race row:
                      every REMOVE-producing kind racing registrations and re-arms for a
                      moment (stale uses, REMOVEs settled by grace); exit 0 = all expected kinds
@@ -29,6 +30,11 @@ commands:
                      until killed (a systemd unit: docs/umn-daemon.service)
   demo               the x == y story with io_uring fixed buffers: a naive cache writes stale
                      bytes, the ummunotify cache does not
+  designs [--cycles N] [--storm N]
+                     the designs side by side (kernel module, userfaultfd, hooks): munmap and
+                     madvise of a registered and an unregistered page, the check, register +
+                     unregister, a storm of N regions, each as a ratio to a baseline measured
+                     in the same process just before (TSC ticks; for the guest of kernel/ci.sh)
   bench [--json] [--ebpf]
                      cache and notifier costs as ratios to baselines measured in the same run
                      (build with --release); --ebpf: only the eBPF backend's rows (root)
@@ -72,7 +78,7 @@ fn main() -> ExitCode {
                             Some(b) => asked = b,
                             None => {
                                 eprint!(
-                                    "umn coverage: --backend needs auto, uffd, hooks, hybrid or ebpf\n{USAGE}"
+                                    "umn coverage: --backend needs auto, uffd, hooks, hybrid, ebpf or kernel\n{USAGE}"
                                 );
                                 return ExitCode::from(2);
                             }
@@ -182,6 +188,22 @@ fn main() -> ExitCode {
                     eprintln!("umn bench ({backend}): {e}");
                     ExitCode::FAILURE
                 }
+            }
+        }
+        ["designs", rest @ ..] => {
+            let num = |flag: &str, default: usize| {
+                rest.iter()
+                    .position(|a| *a == flag)
+                    .and_then(|i| rest.get(i + 1))
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(default)
+            };
+            let rows = designs::run(num("--cycles", 2000), num("--storm", 100_000));
+            print!("{}", designs::to_table(&rows));
+            if rows.is_empty() {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
             }
         }
         ["help"] | ["--help"] | ["-h"] => {

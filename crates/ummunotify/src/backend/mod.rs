@@ -74,6 +74,7 @@
 pub mod ebpf;
 pub(crate) mod hooks;
 mod hybrid;
+pub(crate) mod kernel;
 pub(crate) mod table;
 pub(crate) mod uffd;
 
@@ -86,8 +87,8 @@ use crate::sink::{Probe, Sink};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Backend {
-    /// userfaultfd where it starts, else hooks (what [`Notifier::new`](crate::Notifier::new)
-    /// uses unless `UMN_BACKEND` says otherwise).
+    /// The kernel module where it is loaded, else userfaultfd where it starts, else hooks
+    /// (what [`Notifier::new`](crate::Notifier::new) uses unless `UMN_BACKEND` says otherwise).
     Auto,
     /// userfaultfd's non-cooperative events: sees every kind of change the kernel reports,
     /// libc or raw syscall; one monitor thread.
@@ -105,13 +106,17 @@ pub enum Backend {
     /// running `umn daemon`, or root to load the programs; misses io_uring and file-level
     /// changes.
     Ebpf,
+    /// This project's `/dev/ummunotify` kernel module (`kernel/module/`) where it is loaded:
+    /// MMU notifiers in the invalidating thread, every cause, no window; checks pull its
+    /// mapped counter. [`Auto`](Backend::Auto) prefers it.
+    Kernel,
 }
 
 /// The environment variable [`Notifier::new`](crate::Notifier::new) reads.
 pub const BACKEND_ENV: &str = "UMN_BACKEND";
 
 impl Backend {
-    /// The name `UMN_BACKEND` and `umn` use: `auto`, `uffd`, `hooks`, `hybrid`, `ebpf`.
+    /// The name `UMN_BACKEND` and `umn` use: `auto`, `uffd`, `hooks`, `hybrid`, `ebpf`, `kernel`.
     pub fn name(self) -> &'static str {
         match self {
             Backend::Auto => "auto",
@@ -119,10 +124,11 @@ impl Backend {
             Backend::Hooks => "hooks",
             Backend::Hybrid => "hybrid",
             Backend::Ebpf => "ebpf",
+            Backend::Kernel => "kernel",
         }
     }
 
-    /// Parses `auto`, `uffd` (or `userfaultfd`), `hooks`, `hybrid`, `ebpf` (or `bpf`).
+    /// Parses `auto`, `uffd` (or `userfaultfd`), `hooks`, `hybrid`, `ebpf` (or `bpf`), `kernel`.
     pub fn from_name(name: &str) -> Option<Backend> {
         match name.trim() {
             "auto" | "" => Some(Backend::Auto),
@@ -130,6 +136,7 @@ impl Backend {
             "hooks" => Some(Backend::Hooks),
             "hybrid" => Some(Backend::Hybrid),
             "ebpf" | "bpf" => Some(Backend::Ebpf),
+            "kernel" => Some(Backend::Kernel),
             _ => None,
         }
     }
@@ -220,7 +227,18 @@ pub(crate) fn open(
         );
         (uffd::watcher(c), Backend::Userfaultfd, how)
     };
+    // Auto prefers the module where it is loaded (and answers; else on to userfaultfd).
+    if backend == Backend::Auto {
+        if let Ok(w) = kernel::watcher() {
+            let how = "auto: /dev/ummunotify (this project's module) is loaded".to_owned();
+            return Ok((w, Backend::Kernel, how));
+        }
+    }
     match backend {
+        Backend::Kernel => kernel::watcher().map(|w| {
+            let how = "asked for kernel: /dev/ummunotify (this project's module)".to_owned();
+            (w, Backend::Kernel, how)
+        }),
         Backend::Userfaultfd => Ok(uffd(uffd::Context::shared()?, "asked for ")),
         Backend::Hybrid => {
             let ctx = uffd::Context::shared()?;
@@ -325,5 +343,5 @@ pub fn probe() -> Vec<BackendReport> {
             auto,
         ],
     };
-    vec![u, h, hybrid, ebpf::probe()]
+    vec![kernel::probe(), u, h, hybrid, ebpf::probe()]
 }
