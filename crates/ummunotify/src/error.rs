@@ -35,6 +35,12 @@ pub enum Unsupported {
         /// The value found.
         value: String,
     },
+    /// The perf tracepoint backend can not start: what is missing (tracefs, a tracepoint, the
+    /// privilege for raw tracepoint samples, a CPU's ring).
+    Perf {
+        /// What is missing, in words a user can act on.
+        missing: String,
+    },
     /// `Backend::Auto`: neither backend can start.
     NoBackend {
         /// Why userfaultfd can not.
@@ -70,6 +76,9 @@ impl fmt::Display for Unsupported {
                 f,
                 "UMN_BACKEND={value:?} names no backend (expected auto, uffd or hooks)"
             ),
+            Unsupported::Perf { missing } => {
+                write!(f, "the perf tracepoint backend can not start: {missing}")
+            }
             Unsupported::NoBackend { userfaultfd, hooks } => write!(
                 f,
                 "no backend can start: {userfaultfd}; and the hooks backend can not patch \

@@ -22,6 +22,8 @@
 //! monitor and no message; the thread making the change invalidates the regions itself, before
 //! its syscall and again after it (see its module doc).
 pub(crate) mod hooks;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod perf;
 pub(crate) mod uffd;
 
 use std::io;
@@ -199,5 +201,8 @@ pub struct BackendReport {
 /// Probing the hooks backend installs it (patches libc in this process, for good: with no hooks
 /// notifier alive that costs each hooked libc call a few loads).
 pub fn probe() -> Vec<BackendReport> {
-    vec![uffd::probe(), hooks::probe()]
+    let mut v = vec![uffd::probe(), hooks::probe()];
+    #[cfg(target_arch = "x86_64")]
+    v.push(perf::probe());
+    v
 }

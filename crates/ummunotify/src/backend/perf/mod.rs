@@ -1,0 +1,523 @@
+//! The perf tracepoint backend (issue 13): the 2009 counter-proposal, built.
+//!
+//! # Mechanism
+//! `perf_event_open` on the `syscalls:sys_enter_*` and `sys_exit_*` tracepoints of every call
+//! that can change the pages behind a range ([`decode::CALLS`]: munmap, mremap, madvise, brk,
+//! mmap, shmdt, shmat, process_madvise, remap_file_pages), one ring per CPU:
+//!
+//! * **Filtered in the kernel to this process.** Each event is per thread *and* per CPU
+//!   (`pid = tid, cpu = c`) with `inherit` + `inherit_thread`: threads created later inherit it,
+//!   forked children do not; every event of CPU `c` writes into CPU `c`'s ring
+//!   (`PERF_EVENT_IOC_SET_OUTPUT`). Threads that exist at [`Perf::open`] get their own events
+//!   (`/proc/self/task`, read again until no new thread appears); a per-task event on every CPU
+//!   (`cpu = -1`) with `inherit` can not be mapped (EINVAL), and a system-wide event filtered on
+//!   `common_pid` sees one thread only (`common_pid` is the tid). Other processes' calls never
+//!   reach the rings; they pay the syscall tracepoints' slow path all the same (the kernel turns
+//!   it on for every task while any syscall tracepoint is enabled): `umn bench --backends`
+//!   measures that tax.
+//! * **Not filtered to registered ranges.** The filter language compares a field with a constant
+//!   (`addr < 0x...`); it has no arithmetic, so "the call's range overlaps a registered one"
+//!   (`addr < end && addr + len > start`) can not be said, and each registration would have to
+//!   re-filter every event of every thread and CPU. Nor by argument (`flags & MAP_FIXED`): every
+//!   entry must be in the ring so that every exit has its entry (below).
+//! * **The check** ([`Perf::pending`]): one load of `data_head` per ring, compared with what was
+//!   consumed (N loads for N CPUs). The record is written by the calling thread at syscall
+//!   entry, before the call does its work and so before it returns: a check made after the call
+//!   returned sees the head moved.
+//! * **Delivery** ([`Perf::pull`]): new records are decoded and handed to a [`Target`] (the
+//!   notifier core) as `begin`, `window_open` per range, `apply` per range, `end`; exits close the
+//!   windows. A record is taken at entry, so a failed call (munmap of an unaligned address)
+//!   invalidates all the same: conservative.
+//!
+//! # Start and end: the invalidation-in-progress window
+//! The entry record comes *before* the change. A registration made after the entry was
+//! delivered and before the change completes would pin the frames about to go, so each entry
+//! with a range opens a window (`Target::window_open`: no registration or re-arm over it is valid
+//! while it is open) that the call's `sys_exit_*` record closes. Matching is by thread (a
+//! thread is in one syscall at a time) and time: an exit closes the thread's open entries older
+//! than it. Rings are per CPU and a thread may move between entry and exit, so a pull snapshots
+//! every head twice and takes entries up to the second snapshot, exits only up to the first: an
+//! exit below the first snapshot has its entry below the second.
+//!
+//! # What can be lost, and what then
+//! * **A full ring drops records silently** until drained. A pull that finds less than
+//!   [`decode::MAX_RECORD`] bytes free in a ring, or a `PERF_RECORD_LOST`/`THROTTLE` record,
+//!   calls `Target::invalidate_all`: never a stale use, never unbounded memory. Its open entries
+//!   are forgotten (their exits may be among the lost; the core's in-flight protocol ends their
+//!   windows).
+//! * **An exit with no entry** (the entry was lost, or the call began before the events were
+//!   open): some change of unknown range has just completed, so `invalidate_all` again (regions
+//!   registered since the loss are covered by it).
+//! * **Unseen** (`umn coverage --backend perf`): io_uring `IORING_OP_MADVISE` (no syscall),
+//!   changes to a file behind a mapping (`fallocate(PUNCH_HOLE)`, `ftruncate`), 32-bit
+//!   (`int 0x80`) syscalls (syscall tracepoints skip compat calls), another process's
+//!   `process_madvise` on us, a `CLONE_VM` child that is not a thread, CPUs brought online later.
+//!
+//! # Privilege
+//! tracefs must be mounted (for the tracepoint ids) and raw tracepoint samples need
+//! `CAP_PERFMON` (or `CAP_SYS_ADMIN`) unless `kernel.perf_event_paranoid` is -1. [`Perf::open`]
+//! refuses with [`Unsupported::Perf`](crate::Unsupported::Perf) naming what is missing rather
+//! than run with a gap (a missing tracepoint, a CPU without a ring, a thread it could not
+//! attach to).
+#![allow(unsafe_code)]
+// pthread_atfork.
+// Until the notifier core takes pull backends (the backend seam), only the tests drive it.
+#![allow(dead_code)]
+
+pub(crate) mod decode;
+mod sys;
+#[cfg(test)]
+mod tests;
+
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Mutex, Once};
+
+use decode::{Call, Ids, Record, CALLS, MAX_RECORD};
+
+use super::Invalidation;
+
+/// What a pull delivers into: the notifier core. The methods mirror the core's sink, so the
+/// backend's adapter is a forwarding impl. Called with the backend's drain lock held; every
+/// method must follow the event-path rules (no allocation, no unmap, only the index lock).
+pub(crate) trait Target {
+    /// Before the invalidations of one entry record: checks wait until [`Target::end`].
+    fn begin(&self);
+    /// Marks every region `inv` hits invalid and queues its event.
+    fn apply(&self, inv: Invalidation);
+    /// Publishes what [`Target::apply`] did.
+    fn end(&self);
+    /// `[start, end)` is being changed and the change is not done: until the returned window is
+    /// closed, no registration or re-arm over it is valid.
+    fn window_open(&self, start: u64, end: u64) -> u64;
+    /// The change of a window is done.
+    fn window_close(&self, window: u64);
+    /// Anything may have changed: every region is invalid.
+    fn invalidate_all(&self);
+}
+
+/// Open calls remembered per backend (threads in a traced syscall at once, and some slack).
+const OPEN_CALLS: usize = 256;
+/// Ring wake-up watermark for a poller: a quarter of the ring.
+const WAKEUP: u32 = (sys::DATA_PAGES * 4096 / 4) as u32;
+
+struct Ring {
+    map: sys::RingMap,
+    /// What was fully consumed (mirrors `data_tail`; read by [`Perf::pending`]).
+    tail: AtomicU64,
+}
+
+/// A traced call whose exit has not been seen.
+#[derive(Clone, Copy)]
+struct OpenCall {
+    tid: i32,
+    time: u64,
+    windows: [Option<u64>; 2],
+}
+
+/// What a pull keeps between pulls (under the drain lock).
+struct Drain {
+    /// Per ring: entries were delivered up to here (at least `tail`).
+    begun: Vec<u64>,
+    /// Scratch: the two head snapshots of a pull (allocated at open).
+    h1: Vec<u64>,
+    h2: Vec<u64>,
+    open: [Option<OpenCall>; OPEN_CALLS],
+    /// The highest program break seen (a shrinking brk unmaps up to it).
+    brk_top: u64,
+    stats: PerfStats,
+}
+
+/// Counters of what the backend saw (for tests, `umn bench` and `Stats`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct PerfStats {
+    /// Entry records delivered.
+    pub(crate) entries: u64,
+    /// Exit records that closed an entry.
+    pub(crate) exits: u64,
+    /// `invalidate_all` because a ring was (nearly) full or the kernel reported a loss.
+    pub(crate) overflows: u64,
+    /// `invalidate_all` because an exit had no entry.
+    pub(crate) orphan_exits: u64,
+    /// `invalidate_all` because the open-call table was full.
+    pub(crate) table_full: u64,
+}
+
+/// The perf backend's rings and events for this process.
+pub(crate) struct Perf {
+    rings: Vec<Ring>,
+    ids: Ids,
+    threads: usize,
+    drain: Mutex<Drain>,
+    /// Every event's fd.
+    fds: Vec<OwnedFd>,
+    /// Per ring, the index in `fds` of the event whose ring it is.
+    leads: Vec<usize>,
+}
+
+/// Set in a forked child (`pthread_atfork`): the rings are not mapped there (`MADV_DONTFORK`)
+/// and the parent's records are not the child's.
+static FORKED: AtomicBool = AtomicBool::new(false);
+static ATFORK: Once = Once::new();
+
+extern "C" fn in_child() {
+    FORKED.store(true, Relaxed);
+}
+
+fn missing(what: impl Into<String>) -> crate::Unsupported {
+    crate::Unsupported::Perf {
+        missing: what.into(),
+    }
+}
+
+/// The `sys_enter_*`/`sys_exit_*` ids of every traced call, or what is missing.
+fn tracepoint_ids() -> Result<Ids, crate::Unsupported> {
+    let root = sys::tracefs().ok_or_else(|| {
+        missing(
+            "tracefs is not mounted (as root: mount -t tracefs nodev /sys/kernel/tracing); the \
+             tracepoint ids live there",
+        )
+    })?;
+    let mut ids = [(0, Call::Munmap, false); 2 * CALLS.len()];
+    for (i, &(call, name)) in CALLS.iter().enumerate() {
+        for (j, dir) in ["enter", "exit"].into_iter().enumerate() {
+            let tp = format!("sys_{dir}_{name}");
+            let id = sys::tracepoint_id(root, &tp).map_err(|e| {
+                missing(format!(
+                    "tracepoint syscalls:{tp} ({root}/events/syscalls/{tp}/id: {e}; needs \
+                     CONFIG_FTRACE_SYSCALLS, and read access to tracefs)"
+                ))
+            })?;
+            ids[2 * i + j] = (id, call, j == 1);
+        }
+    }
+    Ok(ids)
+}
+
+fn perf_refused(tp: &str, e: &io::Error) -> crate::Unsupported {
+    let paranoid = std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unreadable".into());
+    let why = match e.raw_os_error() {
+        Some(libc::EPERM) | Some(libc::EACCES) => format!(
+            "raw tracepoint samples need CAP_PERFMON (or CAP_SYS_ADMIN), or \
+             kernel.perf_event_paranoid=-1 (it is {paranoid})"
+        ),
+        Some(libc::ENOSYS) => "the kernel has no perf_event_open (CONFIG_PERF_EVENTS=n)".into(),
+        Some(libc::EMFILE) | Some(libc::ENFILE) => {
+            "out of file descriptors (one per thread, CPU and tracepoint)".into()
+        }
+        _ => "unexpected error".into(),
+    };
+    missing(format!("perf_event_open(syscalls:{tp}) failed: {e}: {why}"))
+}
+
+impl Perf {
+    /// Opens the events for every thread of the process on every online CPU and maps one ring
+    /// per CPU. Refuses (naming what is missing) rather than start with a gap.
+    pub(crate) fn open() -> Result<Perf, crate::Unsupported> {
+        ATFORK.call_once(|| {
+            // SAFETY: registers a handler with no preconditions that lives for the process.
+            unsafe { libc::pthread_atfork(None, None, Some(in_child)) };
+        });
+        let ids = tracepoint_ids()?;
+        let cpus = sys::online_cpus().map_err(|e| missing(format!("online CPUs: {e}")))?;
+        let mut fds: Vec<OwnedFd> = Vec::new();
+        let mut leads: Vec<usize> = Vec::new();
+        let mut rings = Vec::new();
+        let mut attached: Vec<i32> = Vec::new();
+        let name = |i: usize| {
+            let (_, call, exit) = ids[i];
+            let n = CALLS.iter().find(|c| c.0 == call).map_or("?", |c| c.1);
+            format!("sys_{}_{n}", if exit { "exit" } else { "enter" })
+        };
+        // Attach every thread; read the list again until a pass finds no new one (a thread
+        // created by one not yet attached inherits nothing).
+        // This thread first: its events own the rings, and it is alive throughout.
+        let own = crate::sys::gettid();
+        Self::attach(own, &cpus, &ids, &mut fds, &mut leads, &mut rings)
+            .map_err(|(i, e)| perf_refused(&name(i), &e))?;
+        attached.push(own);
+        loop {
+            let tids = sys::threads().map_err(|e| missing(format!("/proc/self/task: {e}")))?;
+            let new: Vec<i32> = tids.into_iter().filter(|t| !attached.contains(t)).collect();
+            if new.is_empty() {
+                break;
+            }
+            for tid in new {
+                match Self::attach(tid, &cpus, &ids, &mut fds, &mut leads, &mut rings) {
+                    Ok(()) => attached.push(tid),
+                    // Exited meanwhile: nothing to watch.
+                    Err((_, e)) if e.raw_os_error() == Some(libc::ESRCH) => attached.push(tid),
+                    Err((i, e)) => return Err(perf_refused(&name(i), &e)),
+                }
+            }
+        }
+        let rings: Vec<Ring> = rings
+            .into_iter()
+            .map(|map| Ring {
+                map,
+                tail: AtomicU64::new(0),
+            })
+            .collect();
+        let n = rings.len();
+        Ok(Perf {
+            rings,
+            ids,
+            threads: attached.len(),
+            drain: Mutex::new(Drain {
+                begun: vec![0; n],
+                h1: vec![0; n],
+                h2: vec![0; n],
+                open: [None; OPEN_CALLS],
+                brk_top: sys::current_brk(),
+                stats: PerfStats::default(),
+            }),
+            fds,
+            leads,
+        })
+    }
+
+    /// Opens every tracepoint for `tid` on every CPU; the first event on a CPU gets its ring.
+    /// A failure part-way leaves the events opened so far: harmless if the thread exited
+    /// (`ESRCH`), and dropped with the whole backend otherwise.
+    fn attach(
+        tid: i32,
+        cpus: &[i32],
+        ids: &Ids,
+        fds: &mut Vec<OwnedFd>,
+        leads: &mut Vec<usize>,
+        rings: &mut Vec<sys::RingMap>,
+    ) -> Result<(), (usize, io::Error)> {
+        for (c, &cpu) in cpus.iter().enumerate() {
+            for (i, &(id, _, _)) in ids.iter().enumerate() {
+                let lead = leads.get(c).map(|&l| &fds[l]);
+                let fd = sys::open_tracepoint(id, tid, cpu, lead, WAKEUP).map_err(|e| (i, e))?;
+                if leads.len() == c {
+                    rings.push(sys::RingMap::map(&fd).map_err(|e| (i, e))?);
+                    leads.push(fds.len());
+                }
+                fds.push(fd);
+            }
+        }
+        Ok(())
+    }
+
+    /// The check: has any ring been written since it was consumed? One load of each ring's
+    /// head (N for N CPUs), no lock, no syscall. Always true in a forked child (it can not
+    /// tell).
+    #[inline]
+    pub(crate) fn pending(&self) -> bool {
+        FORKED.load(Relaxed)
+            || self
+                .rings
+                .iter()
+                .any(|r| r.map.head() != r.tail.load(Relaxed))
+    }
+
+    /// The rings' lead fds (readable at the wake-up watermark), for a poller.
+    pub(crate) fn ring_fds(&self) -> impl Iterator<Item = BorrowedFd<'_>> {
+        self.leads.iter().map(|&l| self.fds[l].as_fd())
+    }
+
+    /// How many threads were attached at open, CPUs (rings), and events.
+    pub(crate) fn shape(&self) -> (usize, usize, usize) {
+        (self.threads, self.rings.len(), self.fds.len())
+    }
+
+    /// What the pulls saw so far.
+    pub(crate) fn stats(&self) -> PerfStats {
+        self.drain.lock().unwrap_or_else(|e| e.into_inner()).stats
+    }
+
+    /// Delivers every record written so far into `target` (see the module doc). Returns at
+    /// once when [`pending`](Perf::pending) is false, and in a forked child (see [`FORKED`]; the
+    /// core makes every check there fail).
+    pub(crate) fn pull(&self, target: &dyn Target) {
+        if FORKED.load(Relaxed) || !self.pending() {
+            return;
+        }
+        let mut d = self.drain.lock().unwrap_or_else(|e| e.into_inner());
+        let d = &mut *d;
+        // Two snapshots of every head: exits up to the first, entries up to the second.
+        for (h, r) in d.h1.iter_mut().zip(&self.rings) {
+            *h = r.map.head();
+        }
+        for (h, r) in d.h2.iter_mut().zip(&self.rings) {
+            *h = r.map.head();
+        }
+        let n = self.rings.len();
+        let mut lost = false;
+        for (i, r) in self.rings.iter().enumerate().take(n) {
+            let tail = r.tail.load(Relaxed);
+            if d.h2[i].wrapping_sub(tail) > r.map.size() - MAX_RECORD {
+                lost = true;
+            }
+        }
+        // Phase 1: entries (and losses) not delivered yet, up to the second snapshot.
+        for (i, r) in self.rings.iter().enumerate().take(n) {
+            let from = d.begun[i].max(r.tail.load(Relaxed));
+            let mut last: Option<(i32, u64)> = None;
+            lost |= !walk(&r.map, from, d.h2[i], &self.ids, |rec| match rec {
+                Record::Enter {
+                    tid,
+                    time,
+                    call,
+                    args,
+                } => {
+                    // The same call twice in a row: a thread attached at open that had already
+                    // inherited its events.
+                    if last != Some((tid, time)) {
+                        enter(d, target, tid, time, call, args);
+                    }
+                    last = Some((tid, time));
+                }
+                Record::Lost => lost = true,
+                _ => {}
+            });
+            d.begun[i] = d.h2[i];
+        }
+        // Phase 2: exits up to the first snapshot.
+        for (i, r) in self.rings.iter().enumerate().take(n) {
+            let from = r.tail.load(Relaxed);
+            let mut last: Option<(i32, u64)> = None;
+            lost |= !walk(&r.map, from, d.h1[i], &self.ids, |rec| {
+                if let Record::Exit {
+                    tid,
+                    time,
+                    call,
+                    ret,
+                } = rec
+                {
+                    if last != Some((tid, time)) {
+                        exit(d, target, tid, time, call, ret);
+                    }
+                    last = Some((tid, time));
+                }
+            });
+            r.map.set_tail(d.h1[i]);
+            r.tail.store(d.h1[i], Relaxed);
+        }
+        if lost {
+            d.stats.overflows += 1;
+            // Exits may be among the lost: forget the open calls (the core's protocol ends
+            // their windows).
+            d.open = [None; OPEN_CALLS];
+            target.invalidate_all();
+        }
+    }
+}
+
+/// Calls `f` on each record in `[from, to)` of `ring`; false if the stream is malformed (then
+/// the rest can not be trusted: treated as a loss).
+fn walk(ring: &sys::RingMap, from: u64, to: u64, ids: &Ids, mut f: impl FnMut(Record)) -> bool {
+    let mut pos = from;
+    let mut buf = [0u8; 256];
+    while pos < to {
+        let mut h = [0u8; 8];
+        ring.copy(pos, &mut h);
+        let (_, size) = decode::header(&h);
+        let size = size as u64;
+        if size < 8 || pos + size > to {
+            return false;
+        }
+        if size as usize <= buf.len() {
+            let rec = &mut buf[..size as usize];
+            ring.copy(pos, rec);
+            f(decode::decode(rec, ids));
+        } else {
+            f(Record::Other);
+        }
+        pos += size;
+    }
+    true
+}
+
+fn enter(d: &mut Drain, t: &dyn Target, tid: i32, time: u64, call: Call, args: [u64; 6]) {
+    d.stats.entries += 1;
+    let (ranges, unmap) = decode::effect(call, args, d.brk_top);
+    let mut windows = [None; 2];
+    if ranges.iter().any(Option::is_some) {
+        t.begin();
+        for (w, &(s, e)) in windows.iter_mut().zip(ranges.iter().flatten()) {
+            *w = Some(t.window_open(s, e));
+        }
+        for &(start, end) in ranges.iter().flatten() {
+            t.apply(if unmap {
+                Invalidation::Unmap { start, end }
+            } else {
+                Invalidation::Remove { start, end }
+            });
+        }
+        t.end();
+    }
+    let call = OpenCall { tid, time, windows };
+    match d.open.iter_mut().find(|c| c.is_none()) {
+        Some(slot) => *slot = Some(call),
+        None => {
+            // No room to remember it: its exit will be an orphan (invalidate_all again); its
+            // windows are left to the core's protocol.
+            d.stats.table_full += 1;
+            t.invalidate_all();
+        }
+    }
+}
+
+fn exit(d: &mut Drain, t: &dyn Target, tid: i32, time: u64, call: Call, ret: i64) {
+    if call == Call::Brk && ret > 0 {
+        d.brk_top = d.brk_top.max(ret as u64);
+    }
+    let mut found = false;
+    for slot in d.open.iter_mut() {
+        if let Some(c) = slot {
+            if c.tid == tid && c.time < time {
+                for w in c.windows.iter().flatten() {
+                    t.window_close(*w);
+                }
+                *slot = None;
+                found = true;
+            }
+        }
+    }
+    if found {
+        d.stats.exits += 1;
+    } else {
+        d.stats.orphan_exits += 1;
+        t.invalidate_all();
+    }
+}
+
+/// What `umn doctor` says about the perf backend.
+pub(crate) fn probe() -> super::BackendReport {
+    let mut features = Vec::new();
+    let mut notes = vec![
+        "sees every traced syscall of this process's threads (libc or raw): munmap, mremap, \
+         madvise, brk, mmap(MAP_FIXED), shmdt, shmat(SHM_REMAP), process_madvise, \
+         remap_file_pages; asynchronous: the check loads every CPU's ring head"
+            .to_string(),
+        "does not see io_uring IORING_OP_MADVISE, hole punch/truncate of a mapped file, 32-bit \
+         (int 0x80) syscalls, another process's process_madvise; while active, every process \
+         on the machine takes the syscall-tracepoint slow path"
+            .to_string(),
+    ];
+    if let Some(root) = sys::tracefs() {
+        features.push("tracefs");
+        notes.push(format!("tracefs at {root}"));
+    }
+    let status = Perf::open().map(|p| {
+        let (threads, cpus, events) = p.shape();
+        features.push("syscall tracepoints");
+        format!(
+            "ok: {cpus} rings (one per CPU), {events} events for {threads} threads, {} \
+             tracepoints",
+            2 * CALLS.len()
+        )
+    });
+    super::BackendReport {
+        name: "perf",
+        status,
+        kernel_features: features,
+        notes,
+    }
+}
