@@ -2,7 +2,7 @@
 use std::ffi::c_int;
 use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::AtomicU32;
-use std::sync::atomic::Ordering::{Acquire, Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 
 use core_api::{Cookie, Event, Notifier, Region};
 
@@ -382,7 +382,8 @@ pub unsafe extern "C" fn ummunotify_notifier_unchanged_since(
     guard(false, || {
         // SAFETY: (caller) `n` is NULL or a live handle.
         match unsafe { borrow(n) } {
-            Some(n) => n.counter().load(Acquire) == generation,
+            // One load on push backends; a pull backend's probe runs first (bit 61).
+            Some(n) => n.unchanged_since(core_api::Generation::from_value(generation)),
             None => false,
         }
     })

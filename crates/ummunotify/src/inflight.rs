@@ -383,6 +383,10 @@ struct Entry {
     unnamed: bool,
     /// Members were named (by a scan made after the read).
     resolved: bool,
+    /// Holds more than one invalidation (the table was full): `close` can not end it.
+    merged: bool,
+    /// Ended by `close` (or `STUCK_GRACE`), never by naming senders.
+    explicit: bool,
 }
 
 /// The in-flight `REMOVE`s of one notifier (under its index lock).
@@ -448,8 +452,11 @@ impl InFlight {
     /// When the table is full the entry is merged into the newest one (union of ranges, the
     /// newer ticket, unresolved again): never dropped, never waiting.
     ///
+    /// Returns the entry's ticket, for [`close`](Self::close). An `explicit` entry is ended by
+    /// `close` (the backend knows the end), or after [`STUCK_GRACE`]; nobody is named for it.
+    ///
     /// [`resolve`]: Self::resolve
-    pub(crate) fn record(&mut self, start: u64, end: u64) {
+    pub(crate) fn record(&mut self, start: u64, end: u64, explicit: bool) -> u64 {
         let ticket = issue(&NEXT);
         let since = now_ns();
         if self.len == ENTRIES {
@@ -458,18 +465,44 @@ impl InFlight {
             last.end = last.end.max(end);
             last.ticket = ticket;
             last.since = since;
-            last.resolved = false;
+            // A merge that holds an explicit window ends only by grace (conservative: the
+            // learnt part then waits `STUCK_GRACE` too); otherwise its senders are named again.
+            last.explicit |= explicit;
+            last.resolved = last.explicit;
+            last.merged = true;
             self.merged += 1;
-            return;
+            return ticket;
         }
         self.entries[self.len] = Entry {
             start,
             end,
             ticket,
             since,
+            // Nothing to name: `resolve` and `sweep`'s naming skip it.
+            resolved: explicit,
+            explicit,
             ..Entry::default()
         };
         self.len += 1;
+        ticket
+    }
+
+    /// Ends the entry recorded with `ticket`, for a backend that learns the end of an
+    /// invalidation itself (a kernel module's `invalidate_range_end`). Counted as confirmed.
+    /// An entry merged since (its ticket replaced) is left to the usual rules: the merge may
+    /// cover another invalidation whose end is not known.
+    #[cfg_attr(not(test), allow(dead_code))] // through `Sink::window_close`
+    pub(crate) fn close(&mut self, ticket: u64) -> bool {
+        let Some(i) = self.entries[..self.len]
+            .iter()
+            .position(|e| e.ticket == ticket && !e.merged)
+        else {
+            return false;
+        };
+        self.len -= 1;
+        self.entries[i] = self.entries[self.len];
+        self.confirmed += 1;
+        true
     }
 
     /// The ticket counter now: a scan started after this value was read can resolve every
@@ -546,7 +579,9 @@ impl InFlight {
                 continue;
             }
             let age = now.saturating_sub(e.since);
-            let mut all = true;
+            let stuck = age >= STUCK_GRACE.as_nanos() as u64;
+            // An explicit window has no members: only `close` or the grace end it.
+            let mut all = !e.explicit;
             for m in e.members.iter() {
                 if acked(&ACK[m], e.ticket) || gone.has(m) {
                     continue;
@@ -565,7 +600,7 @@ impl InFlight {
                 }
             }
             // A member found gone above counted as not done for this entry; look again.
-            if !all {
+            if !all && !e.explicit {
                 all = e
                     .members
                     .iter()
@@ -575,7 +610,7 @@ impl InFlight {
             let grace = if e.unnamed && all {
                 age >= UNIDENTIFIED_GRACE.as_nanos() as u64
             } else {
-                age >= STUCK_GRACE.as_nanos() as u64
+                stuck
             };
             if confirmed || grace {
                 if confirmed {
@@ -944,7 +979,7 @@ mod tests {
     #[test]
     fn an_entry_blocks_until_resolved_and_acknowledged() {
         let mut f = InFlight::default();
-        f.record(0x1000, 0x2000);
+        f.record(0x1000, 0x2000, false);
         assert!(f.overlaps(0x1800, 0x1900) && !f.overlaps(0x2000, 0x3000));
         assert!(f.unresolved(0x1000, 0x2000));
         // Unresolved entries never end by a sweep.
@@ -961,7 +996,7 @@ mod tests {
     fn a_full_table_merges_instead_of_dropping() {
         let mut f = InFlight::default();
         for i in 0..ENTRIES as u64 + 3 {
-            f.record(i * 0x1000, i * 0x1000 + 0x1000);
+            f.record(i * 0x1000, i * 0x1000 + 0x1000, false);
         }
         assert_eq!(f.len(), ENTRIES);
         assert_eq!(f.merged, 3);
@@ -1088,7 +1123,7 @@ mod loom_model {
             }
         }
         let pinned = w.frame.load(SeqCst);
-        if w.returned.load(SeqCst) && region_valid(&w.counter, &w.word, VALID) {
+        if w.returned.load(SeqCst) && region_valid(&w.counter, &w.word, VALID, || {}) {
             assert_eq!(pinned, NEW, "valid registration pins the dropped frame");
         }
     }

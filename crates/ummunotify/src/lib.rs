@@ -85,6 +85,8 @@ pub mod registrar;
 #[cfg(not(loom))]
 mod segvec;
 #[cfg(not(loom))]
+mod sink;
+#[cfg(not(loom))]
 mod sys;
 
 #[cfg(not(loom))]

@@ -2,7 +2,8 @@
 //!
 //! # Event-path rules
 //!
-//! [`Shared::apply`] runs on the monitor thread between the kernel telling us of a change and the
+//! [`Shared`]'s [`Sink`] methods run on a backend's delivery path (a monitor thread, or a hooked
+//! libc call in the calling thread) between the kernel telling us of a change and the
 //! region state being updated. It never allocates, never frees, never unmaps, never logs, and
 //! takes only the `index` lock, which user threads hold only for short sections that do none of
 //! those things and run with every signal blocked (see `docs/ARCHITECTURE.md`, "Locks").
@@ -15,13 +16,10 @@ use std::ops::Range;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::AtomicU64 as StdAtomicU64;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::thread::JoinHandle;
 
-use crate::backend::uffd;
-use crate::backend::Invalidation;
-use crate::backend::{hooks, Backend, Watcher};
+use crate::backend::{self, Backend, Delivery, Watcher};
 use crate::coverage::Coverage;
 use crate::event::{Event, Pending};
 use crate::generation::{self, Generation, DEAD, FORKED};
@@ -29,6 +27,7 @@ use crate::index::{IntervalIndex, Node, Nodes, NIL};
 use crate::inflight::{InFlight, Scanner};
 use crate::region::{Span, INVALID};
 use crate::segvec::SegVec;
+use crate::sink::{Invalidation, Probe, Sink, Window, WindowEnd};
 use crate::sys::{self, CounterPage, SignalsBlocked};
 use crate::{fork, Cookie, Error, Region, Result};
 
@@ -210,24 +209,24 @@ pub struct Stats {
     pub removes_in_flight: usize,
 }
 
+/// The core's state, shared with the backend's delivery (as its [`Sink`]).
 pub(crate) struct Shared {
     counter: CounterPage,
     ready_fd: OwnedFd,
-    stop_fd: OwnedFd,
     slots: SegVec<Slot>,
     index: Mutex<IndexState>,
     registry: Mutex<Registry>,
-    /// The kernel's userfaultfd context, or the hooks' filter (see `backend::Watcher`).
-    uffd: Watcher,
+    /// What watches the pages (see `crate::backend`).
+    watcher: Box<dyn Watcher>,
+    /// The backend's pull-at-check-time probe (`None`: push only; the counter then never has
+    /// `generation::PULL`).
+    probe: Option<Box<dyn Probe>>,
     strays_pending: AtomicBool,
     messages: StdAtomicU64,
     invalidations: StdAtomicU64,
     events_read: StdAtomicU64,
-    monitor_tid: AtomicI32,
     /// Fault injection for tests: the next message makes the event path fail.
     fail_next: AtomicBool,
-    /// Set by `Drop` before it signals `stop_fd` (read by the monitor when poll itself fails).
-    stopping: AtomicBool,
     /// The message being applied hit at least one region (monitor only; see
     /// `generation::count_notification`).
     message_hit: AtomicBool,
@@ -411,46 +410,6 @@ impl Shared {
         self.counter.word()
     }
 
-    /// The monitor's step 5 for one message (see `crate::generation`). Event path.
-    pub(crate) fn apply(&self, inv: Invalidation) {
-        self.messages.fetch_add(1, Relaxed);
-        if self.fail_next.swap(false, Relaxed) {
-            panic!("injected event-path failure");
-        }
-        let mut l = self.lock_index();
-        let (newly, hits) = match inv {
-            Invalidation::Unmap { start, end } => {
-                let tail = l.st.last_remap == (start, end);
-                l.st.last_remap = (0, 0);
-                l.invalidate(start, end, true, tail)
-            }
-            Invalidation::Remove { start, end } => l.invalidate(start, end, false, false),
-            Invalidation::Remap { from, to, len } => {
-                let end = from.saturating_add(len);
-                l.st.last_remap = (from, end);
-                if l.st.stray_len < STRAYS {
-                    let i = l.st.stray_len;
-                    l.st.strays[i] = (to, to.saturating_add(len));
-                    l.st.stray_len += 1;
-                } else {
-                    l.st.stray_overflow += 1;
-                }
-                self.strays_pending.store(true, Release);
-                // MREMAP_DONTUNMAP leaves the old range mapped but the watch moved: treat the old
-                // range as having lost coverage.
-                l.invalidate(from, end, true, false)
-            }
-            Invalidation::Other => (false, 0),
-        };
-        self.invalidations.fetch_add(hits, Relaxed);
-        if hits > 0 {
-            self.message_hit.store(true, Relaxed);
-        }
-        if newly {
-            self.signal_ready(&mut l);
-        }
-    }
-
     /// Makes the readiness fd readable if it is not (index lock held).
     fn signal_ready(&self, l: &mut Locked<'_>) {
         if !l.st.ready {
@@ -459,65 +418,12 @@ impl Shared {
         }
     }
 
-    /// Monitor steps 2–3: busy and readable together, under the index lock, right before the
-    /// read(). Taking the lock here is safe: no holder can be blocked waiting for us (holders
-    /// never unmap, free or allocate, and run with signals blocked).
-    pub(crate) fn begin_message(&self) {
-        let mut l = self.lock_index();
-        generation::begin_message(self.counter());
-        generation::count_notification(self.counter.notification_word());
-        self.signal_ready(&mut l);
-    }
-
-    /// Monitor, right after reading a `REMOVE` and before applying it: the range is in flight
-    /// until its sender is known to have zapped (`crate::inflight`). Event path: no allocation,
-    /// no syscall but the vDSO clock, the index lock only.
-    pub(crate) fn record_remove(&self, start: u64, end: u64) {
-        let mut l = self.lock_index();
-        l.st.inflight.sweep();
-        l.st.inflight.record(start, end);
-    }
-
-    /// Monitor step 6 (the notification count settled first).
-    pub(crate) fn end_message(&self) {
-        let hit = self.message_hit.swap(false, Relaxed);
-        generation::settle_notification(self.counter.notification_word(), hit);
-        generation::end_message(self.counter());
-    }
-
-    /// The monitor can not continue: every check fails from now on.
-    pub(crate) fn kill(&self) {
-        generation::kill(self.counter());
-        generation::kill(self.counter.notification_word());
-        sys::eventfd_signal(self.ready_fd.as_fd());
-    }
-
-    pub(crate) fn uffd_fd(&self) -> BorrowedFd<'_> {
-        self.uffd.fd()
-    }
-
-    /// The monitor is exiting: close the context (see `Uffd::close_from_monitor`).
-    pub(crate) fn close_uffd(&self) {
-        self.uffd.close_from_monitor();
-    }
-
-    pub(crate) fn stop_fd(&self) -> BorrowedFd<'_> {
-        self.stop_fd.as_fd()
-    }
-
-    /// Whether the notifier is being dropped.
-    pub(crate) fn stopping(&self) -> bool {
-        self.stopping.load(SeqCst)
-    }
-
-    pub(crate) fn set_monitor_tid(&self, tid: i32) {
-        crate::inflight::note_monitor(tid);
-        self.monitor_tid.store(tid, SeqCst);
-    }
-
-    /// The monitor's tid; 0 until its thread runs.
-    pub(crate) fn monitor_tid(&self) -> i32 {
-        self.monitor_tid.load(SeqCst)
+    /// A pull backend's probe, run before a check (see `generation::PULL`).
+    #[cold]
+    fn pull(&self) {
+        if let Some(p) = &self.probe {
+            p.pull(self);
+        }
     }
 
     fn alive(&self) -> Result<()> {
@@ -540,7 +446,7 @@ impl Shared {
     /// re-mapped addresses), and a `Remap` applied late would leave its moved watch for a later
     /// call to clean up.
     fn settle(&self, reg: &mut Registry) -> Result<()> {
-        if generation::wait_idle(self.counter()).is_err() {
+        if generation::wait_idle_pulled(self.counter(), || self.pull()).is_err() {
             return self.alive();
         }
         if self.strays_pending.swap(false, Acquire) {
@@ -562,7 +468,7 @@ impl Shared {
         for &(s, e) in &strays[..n] {
             for (us, ue) in reg.coverage.uncovered(s, e) {
                 // The range may be partly unmapped by now; nothing to undo then.
-                let _ = self.uffd.unwatch(us, ue);
+                self.watcher.unwatch(us, ue);
             }
         }
     }
@@ -638,26 +544,9 @@ impl Shared {
         if unmapped() {
             return Err(Error::Unmapped);
         }
-        self.uffd.watch(s, e).map_err(|err| {
-            if unmapped() {
-                Error::Unmapped
-            } else {
-                watch_error(err)
-            }
-        })
-    }
-}
-
-/// Maps a refused `UFFDIO_REGISTER` on a mapped range to a typed error.
-fn watch_error(e: io::Error) -> Error {
-    match e.raw_os_error() {
-        Some(libc::EBUSY) => Error::RangeBusy,
-        Some(libc::ENOMEM) => Error::CoverageLimit(e),
-        Some(libc::EINVAL) | Some(libc::EPERM) => Error::UnsupportedMapping(e),
-        _ => Error::Os {
-            op: "UFFDIO_REGISTER",
-            source: e,
-        },
+        self.watcher
+            .watch(s, e)
+            .map_err(|err| if unmapped() { Error::Unmapped } else { err })
     }
 }
 
@@ -700,11 +589,9 @@ pub struct ReadEvents {
 /// `Sync`: share it by reference or in an `Arc`.
 pub struct Notifier {
     shared: Arc<Shared>,
-    monitor: Option<JoinHandle<()>>,
+    /// The backend delivering into `shared` (stopped by `Drop`).
+    delivery: Option<Box<dyn Delivery>>,
     fork_slot: fork::Slot,
-    /// The hooks backend's entry in the sink table (`None` on userfaultfd); held for its `Drop`.
-    #[allow(dead_code)]
-    hooks_sink: Option<hooks::Sink>,
     /// The backend that runs, and why it was chosen.
     backend: (Backend, String),
 }
@@ -735,19 +622,17 @@ impl Notifier {
     /// # Errors
     /// [`Error::Unsupported`] naming why that backend can not start here.
     pub fn with_backend(backend: Backend) -> Result<Notifier> {
-        let (uffd, chosen, reason) = crate::backend::open(backend).map_err(Error::Unsupported)?;
-        Notifier::start(uffd, (chosen, reason))
+        let (watcher, chosen, reason) = backend::open(backend).map_err(Error::Unsupported)?;
+        Notifier::start(watcher, (chosen, reason))
     }
 
-    fn start(uffd: Watcher, backend: (Backend, String)) -> Result<Notifier> {
+    pub(crate) fn start(watcher: Box<dyn Watcher>, backend: (Backend, String)) -> Result<Notifier> {
         let os = |op| move |source| Error::Os { op, source };
         let counter = CounterPage::new().map_err(os("memfd_create"))?;
         let ready_fd = sys::eventfd().map_err(os("eventfd"))?;
-        let stop_fd = sys::eventfd().map_err(os("eventfd"))?;
         let shared = Arc::new(Shared {
             counter,
             ready_fd,
-            stop_fd,
             slots: SegVec::new(),
             index: Mutex::new(IndexState {
                 tree: IntervalIndex::new(),
@@ -766,47 +651,39 @@ impl Notifier {
                 coverage: Coverage::new(),
                 free: Vec::new(),
                 next_slot: 0,
-                budget: match uffd {
-                    // Hooks watch pages in their own filter, which splits no VMA: never widen.
-                    Watcher::Hooks(_) => WatchBudget {
+                budget: if watcher.splits_vmas() {
+                    WatchBudget::new()
+                } else {
+                    // Watches split no VMA (the hooks' own filter): never widen.
+                    WatchBudget {
                         limit: usize::MAX / 4,
                         ..WatchBudget::new()
-                    },
-                    Watcher::Uffd(_) => WatchBudget::new(),
+                    }
                 },
                 scanner: Scanner::new(),
             }),
-            uffd,
+            probe: watcher.probe(),
+            watcher,
             strays_pending: AtomicBool::new(false),
             messages: StdAtomicU64::new(0),
             invalidations: StdAtomicU64::new(0),
             events_read: StdAtomicU64::new(0),
-            monitor_tid: AtomicI32::new(0),
             fail_next: AtomicBool::new(false),
-            stopping: AtomicBool::new(false),
             message_hit: AtomicBool::new(false),
         });
         let fork_slot = fork::Slot::new(shared.counter.addr()).ok_or(Error::Os {
             op: "fork registration",
             source: io::Error::other("too many live notifiers in this process"),
         })?;
-        let (monitor, hooks_sink) = if backend.0 == Backend::Hooks {
-            let sink = hooks::Sink::publish(shared.clone()).ok_or(Error::Os {
-                op: "hooks registration",
-                source: io::Error::other("too many live hooks notifiers in this process"),
-            })?;
-            (None, Some(sink))
-        } else {
-            // REMOVE in flight: the signal that tells a remover is back in user space.
-            crate::inflight::install();
-            let m = uffd::monitor::spawn(shared.clone()).map_err(os("spawn monitor thread"))?;
-            (Some(m), None)
-        };
+        if shared.probe.is_some() {
+            // Every check pulls first (see `generation::PULL`).
+            shared.counter().fetch_or(generation::PULL, SeqCst);
+        }
+        let delivery = shared.watcher.deliver(shared.clone())?;
         Ok(Notifier {
             shared,
-            monitor,
+            delivery: Some(delivery),
             fork_slot,
-            hooks_sink,
             backend,
         })
     }
@@ -826,7 +703,7 @@ impl Notifier {
     /// diagnostics; not part of the stable API.
     #[doc(hidden)]
     pub fn hooked_calls() -> usize {
-        hooks::hooked_calls()
+        backend::hooked_calls()
     }
 
     /// Registers `range` under `cookie` and starts watching it.
@@ -937,7 +814,7 @@ impl Notifier {
         }
         for (s, e) in reg.coverage.remove(span.watch_start, span.watch_end) {
             // Parts may be unmapped already; the kernel dropped those watches itself.
-            let _ = sh.uffd.unwatch(s, e);
+            sh.watcher.unwatch(s, e);
         }
     }
 
@@ -988,7 +865,8 @@ impl Notifier {
     pub fn is_valid(&self, region: Region) -> bool {
         match self.shared.slots.get(region.slot) {
             Some(slot) => {
-                generation::region_valid(self.shared.counter(), &slot.word, region.expected)
+                let sh = &*self.shared;
+                generation::region_valid(sh.counter(), &slot.word, region.expected, || sh.pull())
             }
             None => false,
         }
@@ -999,7 +877,7 @@ impl Notifier {
     /// # Errors
     /// [`Error::Forked`], [`Error::MonitorDead`].
     pub fn generation(&self) -> Result<Generation> {
-        match generation::wait_idle(self.shared.counter()) {
+        match generation::wait_idle_pulled(self.shared.counter(), || self.shared.pull()) {
             Ok(c) => Ok(Generation(c)),
             Err(_) => self.shared.alive().map(|_| unreachable!("dead counter")),
         }
@@ -1009,12 +887,25 @@ impl Notifier {
     /// dequeued since `snapshot` was taken (and the notifier is alive). When false, read events.
     #[inline]
     pub fn unchanged_since(&self, snapshot: Generation) -> bool {
-        generation::unchanged(self.shared.counter(), snapshot)
+        generation::unchanged(self.shared.counter(), snapshot, || self.shared.pull())
     }
 
     /// The live counter word (what the C API hands out as `const volatile uint64_t *`).
+    ///
+    /// On a backend that delivers by pull the word carries bit 61 for good, and comparing it
+    /// alone misses what the backend has not delivered yet: call
+    /// [`refreshed_counter`](Self::refreshed_counter) when that bit is set.
     pub fn counter(&self) -> &AtomicU64 {
         self.shared.counter()
+    }
+
+    /// The counter after the backend delivered everything it recorded (a pull backend's probe
+    /// runs; on push backends this is just a load). Not part of the stable API.
+    #[doc(hidden)]
+    #[cold]
+    pub fn refreshed_counter(&self) -> u64 {
+        self.shared.pull();
+        self.shared.counter().load(Acquire)
     }
 
     /// A memfd whose first 8 bytes are the live counter: map it `PROT_READ, MAP_SHARED` to get
@@ -1067,9 +958,9 @@ impl Notifier {
         let sh = &*self.shared;
         sh.alive()?;
         let mut reg = sh.lock_registry();
-        sh.settle(&mut reg)?;
-        // Regions whose REMOVE is still in flight are re-armed only after its zap: wait for
-        // that (bounded) rather than hand out their event again and again.
+        sh.settle(&mut reg)?; // pulls first on a pull backend
+                              // Regions whose REMOVE is still in flight are re-armed only after its zap: wait for
+                              // that (bounded) rather than hand out their event again and again.
         sh.wait_inflight_until(&mut reg, |l, h| !l.queued_in_flight(h), (0, u64::MAX));
         let mut recover: Vec<(u32, u64, Span)> = Vec::with_capacity(buf.len().min(4096));
         let mut held: Vec<u32> = Vec::with_capacity(buf.len().min(4096));
@@ -1254,7 +1145,7 @@ impl Notifier {
     /// The kernel thread id of the monitor (running before `new` returned), for diagnostics and tests
     /// (for example, to check that it never allocates).
     pub fn monitor_tid(&self) -> i32 {
-        self.shared.monitor_tid()
+        self.delivery.as_ref().map_or(0, |d| d.monitor_tid())
     }
 }
 
@@ -1278,33 +1169,77 @@ impl Drop for Notifier {
     fn drop(&mut self) {
         self.fork_slot.release();
         let forked = self.shared.counter().load(SeqCst) & FORKED != 0;
-        let Some(monitor) = self.monitor.take() else {
-            return;
-        };
-        if forked {
-            // The monitor thread does not exist in a child; joining it would never return.
-            std::mem::forget(monitor);
-            return;
+        if let Some(d) = self.delivery.take() {
+            d.stop(forked);
         }
-        self.shared.stopping.store(true, SeqCst);
-        sys::eventfd_signal(self.shared.stop_fd());
-        let _ = monitor.join();
-        crate::inflight::forget_monitor(self.shared.monitor_tid.load(SeqCst));
     }
 }
 
-impl Shared {
-    /// The hooks backend's event path: applies an invalidation of `[start, end)` in the calling
-    /// thread, with the monitor's steps 2–5 under one hold of the index lock (so the counter is
-    /// odd only while that lock is held, as with one monitor). The caller has blocked every
-    /// signal (a handler must never run while this thread holds the index lock). Does
-    /// nothing, and leaves the counter alone, when no region overlaps the range. Never
-    /// allocates, frees, unmaps or calls a patched libc function (see `backend::hooks`).
-    ///
-    /// `again` marks the second pass of one call (after its syscall): a region the first pass
-    /// left pending is not hit twice (its hint stays the clipped range of the one call), and when
-    /// every overlapping region is still pending nothing changes at all, counter included.
-    pub(crate) fn invalidate_in_thread(&self, start: u64, end: u64, unmap: bool, again: bool) {
+/// The core's side of the seam: what backends deliver into (`crate::sink`). Event path: none
+/// of these allocates, frees, unmaps or logs; they take only the index lock.
+impl Sink for Shared {
+    /// Monitor steps 2–3: busy and readable together, under the index lock, right before the
+    /// read(). Taking the lock here is safe: no holder can be blocked waiting for us (holders
+    /// never unmap, free or allocate, and run with signals blocked).
+    fn begin(&self) {
+        let mut l = self.lock_index();
+        generation::begin_message(self.counter());
+        generation::count_notification(self.counter.notification_word());
+        self.signal_ready(&mut l);
+    }
+
+    /// The monitor's step 5 for one message (see `crate::generation`).
+    fn apply(&self, inv: Invalidation) {
+        self.messages.fetch_add(1, Relaxed);
+        if self.fail_next.swap(false, Relaxed) {
+            panic!("injected event-path failure");
+        }
+        let mut l = self.lock_index();
+        let (newly, hits) = match inv {
+            Invalidation::Unmap { start, end } => {
+                let tail = l.st.last_remap == (start, end);
+                l.st.last_remap = (0, 0);
+                l.invalidate(start, end, true, tail)
+            }
+            Invalidation::Remove { start, end } => l.invalidate(start, end, false, false),
+            Invalidation::Remap { from, to, len } => {
+                let end = from.saturating_add(len);
+                l.st.last_remap = (from, end);
+                if l.st.stray_len < STRAYS {
+                    let i = l.st.stray_len;
+                    l.st.strays[i] = (to, to.saturating_add(len));
+                    l.st.stray_len += 1;
+                } else {
+                    l.st.stray_overflow += 1;
+                }
+                self.strays_pending.store(true, Release);
+                // MREMAP_DONTUNMAP leaves the old range mapped but the watch moved: treat the old
+                // range as having lost coverage.
+                l.invalidate(from, end, true, false)
+            }
+            Invalidation::Other => (false, 0),
+        };
+        self.invalidations.fetch_add(hits, Relaxed);
+        if hits > 0 {
+            self.message_hit.store(true, Relaxed);
+        }
+        if newly {
+            self.signal_ready(&mut l);
+        }
+    }
+
+    /// Monitor step 6 (the notification count settled first).
+    fn end(&self) {
+        let hit = self.message_hit.swap(false, Relaxed);
+        generation::settle_notification(self.counter.notification_word(), hit);
+        generation::end_message(self.counter());
+    }
+
+    /// The hooks backend's event path: the monitor's steps 2–5 under one hold of the index lock
+    /// (so the counter is odd only while that lock is held, as with one monitor). Does nothing,
+    /// and leaves the counter alone, when no region overlaps the range. Never calls a patched
+    /// libc function (see `backend::hooks`).
+    fn invalidate_in_thread(&self, start: u64, end: u64, unmap: bool, again: bool) {
         let mut l = self.lock_index();
         let mut any = false;
         {
@@ -1332,5 +1267,42 @@ impl Shared {
             self.signal_ready(&mut l);
         }
         generation::end_message(self.counter());
+    }
+
+    /// Every region invalid, each with an event for its whole range (not an unmap: watches stay).
+    fn invalidate_all(&self) {
+        let mut l = self.lock_index();
+        generation::begin_message(self.counter());
+        self.messages.fetch_add(1, Relaxed);
+        let (newly, hits) = l.invalidate(0, u64::MAX, false, false);
+        self.invalidations.fetch_add(hits, Relaxed);
+        if hits > 0 {
+            generation::count_notification(self.counter.notification_word());
+        }
+        if newly {
+            self.signal_ready(&mut l);
+        }
+        generation::end_message(self.counter());
+    }
+
+    /// A `REMOVE` (or another announced invalidation) is in flight until its end is known
+    /// (`crate::inflight`). No allocation, no syscall but the vDSO clock, the index lock only.
+    fn window_open(&self, start: u64, end: u64, how: WindowEnd) -> Window {
+        let mut l = self.lock_index();
+        l.st.inflight.sweep();
+        Window(l.st.inflight.record(start, end, how == WindowEnd::Closed))
+    }
+
+    fn window_close(&self, window: Window) {
+        let mut l = self.lock_index();
+        l.st.inflight.close(window.0);
+        l.st.inflight.sweep();
+    }
+
+    /// Every check fails from now on.
+    fn kill(&self) {
+        generation::kill(self.counter());
+        generation::kill(self.counter.notification_word());
+        sys::eventfd_signal(self.ready_fd.as_fd());
     }
 }

@@ -20,7 +20,7 @@
 //! # Visibility rule (guarantee 1)
 //! A hook invalidates the registered regions on the affected pages *in the calling thread,
 //! before the syscall*, through the notifier's usual path (index lock, counter odd, `INVALID`,
-//! queue, counter even: `Shared::invalidate_in_thread`), and again *after* it for regions
+//! queue, counter even: `Sink::invalidate_in_thread`), and again *after* it for regions
 //! registered while the call ran. So once the call returns, every check sees the change, with
 //! no monitor thread and no round trip; and a registration made during the call never stays
 //! valid after it (the start/end pair userfaultfd's `REMOVE` lacks).
@@ -58,7 +58,7 @@
 //! Installing is permanent. From then on every hooked libc call pays the stub, a sharded call
 //! counter and the filter's loads (tens of ns); one on watched pages also two `rt_sigprocmask`
 //! calls and the index lock twice (`umn bench`: about 1.5× an unregistered munmap).
-#![allow(unsafe_code)] // The sink table hands raw `Shared` pointers to hooks.
+#![allow(unsafe_code)] // The sink table hands raw pointers to hooks.
 
 #[cfg(target_arch = "x86_64")]
 pub(in crate::backend) mod calls;
@@ -74,13 +74,54 @@ use std::sync::{Arc, OnceLock};
 
 pub(crate) use filter::{maybe_watched, Watch};
 
-use crate::notifier::Shared;
+use super::{Delivery, Watcher};
+use crate::sink::Sink;
+
+/// The hooks backend of one notifier: its pages in the global filter.
+///
+/// Visibility rule: in the calling thread, before calling through (and again after).
+struct HooksWatcher {
+    watch: Watch,
+}
+
+/// A hooks [`Watcher`] (the hooks must be installed: [`install`]).
+pub(crate) fn watcher() -> Box<dyn Watcher> {
+    Box::new(HooksWatcher {
+        watch: Watch::new(),
+    })
+}
+
+impl Watcher for HooksWatcher {
+    fn watch(&self, start: u64, end: u64) -> crate::Result<()> {
+        self.watch.watch(start, end);
+        Ok(())
+    }
+
+    fn unwatch(&self, start: u64, end: u64) {
+        self.watch.unwatch(start, end);
+    }
+
+    fn splits_vmas(&self) -> bool {
+        // The filter is ours: watching splits no VMA, so the watch policy never widens.
+        false
+    }
+
+    fn deliver(&self, sink: Arc<dyn Sink>) -> crate::Result<Box<dyn Delivery>> {
+        let p = Published::publish(sink).ok_or(crate::Error::Os {
+            op: "hooks registration",
+            source: std::io::Error::other("too many live hooks notifiers in this process"),
+        })?;
+        Ok(Box::new(p))
+    }
+}
 
 // ---------------------------------------------------------------------------------------------
 // The sinks: the notifiers hooks deliver to.
 
 const MAX_SINKS: usize = 64;
-static SINKS: [AtomicPtr<Shared>; MAX_SINKS] =
+/// A published sink (boxed: the table holds thin pointers).
+struct SinkRef(Arc<dyn Sink>);
+static SINKS: [AtomicPtr<SinkRef>; MAX_SINKS] =
     [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_SINKS];
 /// Hooks using slot `i` right now.
 static USERS: [AtomicUsize; MAX_SINKS] = [const { AtomicUsize::new(0) }; MAX_SINKS];
@@ -112,10 +153,10 @@ pub(crate) fn invalidate(start: u64, end: u64, unmap: bool, again: bool) {
         USERS[i].fetch_add(1, SeqCst);
         let p = SINKS[i].load(SeqCst);
         if !p.is_null() {
-            // SAFETY: a non-null slot is a live `Shared`: `Sink::drop` clears the slot and then
-            // waits until `USERS[i]` is zero before releasing it, and our increment (SeqCst)
+            // SAFETY: a non-null slot is a live `SinkRef`: `Published::drop` clears the slot and
+            // then waits until `USERS[i]` is zero before freeing it, and our increment (SeqCst)
             // came before this load.
-            unsafe { (*p).invalidate_in_thread(start, end, unmap, again) };
+            unsafe { (*p).0.invalidate_in_thread(start, end, unmap, again) };
         }
         USERS[i].fetch_sub(1, SeqCst);
     }
@@ -155,37 +196,56 @@ pub(crate) fn guard_fork() {
 /// Set while [`install_now`] runs.
 static INSTALLING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// A notifier's place in the sink table; leaving it waits for hooks still inside.
-pub(crate) struct Sink {
+/// A notifier's place in the sink table ([`Delivery`] of the hooks backend); leaving it waits
+/// for hooks still inside.
+struct Published {
     slot: usize,
-    shared: Option<Arc<Shared>>,
+    sink: *mut SinkRef,
 }
 
-impl Sink {
-    /// Publishes `shared` to the hooks. `None` when the table is full.
-    pub(crate) fn publish(shared: Arc<Shared>) -> Option<Sink> {
+// SAFETY: `sink` is a `Box<SinkRef>` owned by this entry (freed only in `drop`); `SinkRef` is
+// `Send + Sync` (an `Arc<dyn Sink>`, and `Sink: Send + Sync`).
+unsafe impl Send for Published {}
+// SAFETY: as above; `&Published` gives no access to the pointer.
+unsafe impl Sync for Published {}
+
+impl Published {
+    /// Publishes `sink` to the hooks. `None` when the table is full.
+    fn publish(sink: Arc<dyn Sink>) -> Option<Published> {
         guard_fork();
         OWNER.store(getpid_raw(), SeqCst);
-        let ptr = Arc::as_ptr(&shared) as *mut Shared;
-        let slot = SINKS.iter().position(|s| {
+        let ptr = Box::into_raw(Box::new(SinkRef(sink)));
+        let Some(slot) = SINKS.iter().position(|s| {
             s.compare_exchange(std::ptr::null_mut(), ptr, SeqCst, SeqCst)
                 .is_ok()
-        })?;
+        }) else {
+            // SAFETY: `ptr` came from `Box::into_raw` above and was published nowhere.
+            drop(unsafe { Box::from_raw(ptr) });
+            return None;
+        };
         HIGH.fetch_max(slot + 1, SeqCst);
-        Some(Sink {
-            slot,
-            shared: Some(shared),
-        })
+        Some(Published { slot, sink: ptr })
     }
 }
 
-impl Drop for Sink {
+impl Delivery for Published {
+    fn stop(self: Box<Self>, _forked: bool) {
+        // A forked child's table was emptied by `fork_child` (and its user counts zeroed):
+        // dropping waits for nothing there either.
+        drop(self);
+    }
+}
+
+impl Drop for Published {
     fn drop(&mut self) {
-        SINKS[self.slot].store(std::ptr::null_mut(), SeqCst);
+        // Only clear our own entry (a forked child's table is empty already).
+        let _ = SINKS[self.slot].compare_exchange(self.sink, std::ptr::null_mut(), SeqCst, SeqCst);
         while USERS[self.slot].load(SeqCst) != 0 {
             std::thread::yield_now();
         }
-        drop(self.shared.take());
+        // SAFETY: from `Box::into_raw` in `publish`; no hook can reach it any more (the slot
+        // no longer holds it and no user of the slot is left).
+        drop(unsafe { Box::from_raw(self.sink) });
     }
 }
 

@@ -8,9 +8,11 @@ use std::io;
 use std::mem::ManuallyDrop;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::Arc;
 
-use super::{BackendReport, Invalidation};
-use crate::Unsupported;
+use super::{BackendReport, Delivery, Invalidation, Watcher};
+use crate::sink::Sink;
+use crate::{Error, Unsupported};
 use sys::feature;
 
 const REQUIRED: u64 = feature::EVENT_UNMAP | feature::EVENT_REMOVE | feature::EVENT_REMAP;
@@ -140,6 +142,59 @@ impl Drop for Uffd {
             // SAFETY: not closed yet, and we have exclusive access.
             unsafe { ManuallyDrop::drop(&mut self.fd) };
         }
+    }
+}
+
+/// The userfaultfd backend of one notifier: its context and (once delivering) its monitor.
+///
+/// Visibility rule: the busy protocol. The monitor marks the sink busy before each
+/// single-message `read()`; that read is what releases the unmapping thread.
+struct UffdWatcher {
+    uffd: Arc<Uffd>,
+}
+
+/// The [`Watcher`] for an opened context.
+pub(crate) fn watcher(uffd: Uffd) -> Box<dyn Watcher> {
+    Box::new(UffdWatcher {
+        uffd: Arc::new(uffd),
+    })
+}
+
+impl Watcher for UffdWatcher {
+    fn watch(&self, start: u64, end: u64) -> crate::Result<()> {
+        self.uffd.watch(start, end).map_err(watch_error)
+    }
+
+    fn unwatch(&self, start: u64, end: u64) {
+        // Parts may be unmapped already; the kernel dropped those watches itself.
+        let _ = self.uffd.unwatch(start, end);
+    }
+
+    fn splits_vmas(&self) -> bool {
+        true
+    }
+
+    fn deliver(&self, sink: Arc<dyn Sink>) -> crate::Result<Box<dyn Delivery>> {
+        // REMOVE in flight: the signal that tells a remover is back in user space.
+        crate::inflight::install();
+        let m = monitor::spawn(self.uffd.clone(), sink).map_err(|source| Error::Os {
+            op: "spawn monitor thread",
+            source,
+        })?;
+        Ok(Box::new(m))
+    }
+}
+
+/// Maps a refused `UFFDIO_REGISTER` on a mapped range to a typed error.
+fn watch_error(e: io::Error) -> Error {
+    match e.raw_os_error() {
+        Some(libc::EBUSY) => Error::RangeBusy,
+        Some(libc::ENOMEM) => Error::CoverageLimit(e),
+        Some(libc::EINVAL) | Some(libc::EPERM) => Error::UnsupportedMapping(e),
+        _ => Error::Os {
+            op: "UFFDIO_REGISTER",
+            source: e,
+        },
     }
 }
 

@@ -8,14 +8,48 @@
 //! *each* single-message `read()` (see `crate::generation`). If it can not continue it marks the
 //! counter dead (every check fails) and keeps draining messages so no unmapping thread hangs.
 use std::io;
+use std::os::fd::{AsFd, OwnedFd};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering::SeqCst};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use super::{decode, sys};
-use crate::backend::Invalidation;
-use crate::notifier::Shared;
+use super::{decode, sys, Uffd};
+use crate::backend::{Delivery, Invalidation};
+use crate::sink::{Sink, WindowEnd};
 use crate::sys::{gettid, poll_readable, SignalsBlocked};
+
+/// What the monitor thread and its owner share: the stop request and the thread's tid.
+struct Control {
+    stop_fd: OwnedFd,
+    /// Set before `stop_fd` is signalled (read by the monitor when poll itself fails).
+    stopping: AtomicBool,
+    tid: AtomicI32,
+}
+
+/// A running monitor thread ([`Delivery`] of the userfaultfd backend).
+pub(crate) struct Monitor {
+    handle: JoinHandle<()>,
+    control: Arc<Control>,
+}
+
+impl Delivery for Monitor {
+    fn monitor_tid(&self) -> i32 {
+        self.control.tid.load(SeqCst)
+    }
+
+    fn stop(self: Box<Self>, forked: bool) {
+        if forked {
+            // The monitor thread does not exist in a child; joining it would never return.
+            std::mem::forget(self);
+            return;
+        }
+        self.control.stopping.store(true, SeqCst);
+        crate::sys::eventfd_signal(self.control.stop_fd.as_fd());
+        let _ = self.handle.join();
+        crate::inflight::forget_monitor(self.control.tid.load(SeqCst));
+    }
+}
 
 /// Starts the monitor with every signal blocked (the mask is inherited at thread creation, so
 /// no signal can ever run a handler on it; the kernel routes process signals to other threads),
@@ -30,75 +64,83 @@ use crate::sys::{gettid, poll_readable, SignalsBlocked};
 /// again. So the closure first records its tid, then tells the spawner it runs, and `spawn`
 /// waits for that: every mapping the thread will make (its stack, TLS, signal stack) exists
 /// before the notifier is handed out. The monitor makes none afterwards (it never allocates).
-pub(crate) fn spawn(shared: Arc<Shared>) -> io::Result<JoinHandle<()>> {
+pub(crate) fn spawn(uffd: Arc<Uffd>, sink: Arc<dyn Sink>) -> io::Result<Monitor> {
+    let control = Arc::new(Control {
+        stop_fd: crate::sys::eventfd()?,
+        stopping: AtomicBool::new(false),
+        tid: AtomicI32::new(0),
+    });
     let _blocked = SignalsBlocked::new();
     let spawner = std::thread::current();
     let handle = {
-        let shared = shared.clone();
+        let control = control.clone();
         std::thread::Builder::new()
             .name("ummunotify-mon".into())
             .spawn(move || {
                 // The tid doubles as the "running" flag the spawner waits for.
-                shared.set_monitor_tid(gettid());
+                let tid = gettid();
+                crate::inflight::note_monitor(tid);
+                control.tid.store(tid, SeqCst);
                 spawner.unpark();
-                run(&shared);
+                run(&uffd, &*sink, &control);
                 // Before this thread exits (unmapping its stack, freeing its TLS): see `Uffd`.
-                shared.close_uffd();
+                uffd.close_from_monitor();
                 // Dropped only now: the last reference to a thread handle frees it, and the
                 // event path never frees.
                 drop(spawner);
             })?
     };
     // `park` may return spuriously, or at once for an earlier `unpark`: the tid decides.
-    while shared.monitor_tid() == 0 {
+    while control.tid.load(SeqCst) == 0 {
         std::thread::park();
     }
-    Ok(handle)
+    Ok(Monitor { handle, control })
 }
 
-fn run(shared: &Shared) {
+fn run(uffd: &Uffd, sink: &dyn Sink, control: &Control) {
     let mut msg = sys::UffdMsg::default();
     let mut dead = false;
     // The loop ends only when the notifier is dropped: exiting earlier would close the context
     // under user threads that still use its fd (see `Uffd`), so failures make it dead instead.
     loop {
-        let (uffd_ready, stop) = match poll_readable(shared.uffd_fd(), shared.stop_fd()) {
+        let (uffd_ready, stop) = match poll_readable(uffd.fd(), control.stop_fd.as_fd()) {
             Ok(r) => r,
             Err(_) => {
                 // Can not happen while our fds are open; if it does, every check fails from now
                 // on and we keep trying (slowly) so that unmapping threads are still released.
-                shared.kill();
+                sink.kill();
                 dead = true;
                 std::thread::sleep(std::time::Duration::from_millis(1));
-                (true, shared.stopping())
+                (true, control.stopping.load(SeqCst))
             }
         };
         if uffd_ready && !(dead && stop) {
             if dead {
                 // Keep releasing unmapping threads; the counter says DEAD already.
-                let _ = sys::read_one(shared.uffd_fd(), &mut msg);
+                let _ = sys::read_one(uffd.fd(), &mut msg);
                 continue;
             }
-            shared.begin_message();
-            match sys::read_one(shared.uffd_fd(), &mut msg) {
+            sink.begin();
+            match sys::read_one(uffd.fd(), &mut msg) {
                 Ok(Some(())) => {
                     let inv = decode(&msg);
-                    // A REMOVE's zap comes after this read: in flight until its sender is back.
+                    // A REMOVE's zap comes after this read: a window the in-flight protocol
+                    // ends (userfaultfd sends no "end").
                     if let Invalidation::Remove { start, end } = inv {
-                        shared.record_remove(start, end);
+                        sink.window_open(start, end, WindowEnd::Learnt);
                     }
-                    if catch_unwind(AssertUnwindSafe(|| shared.apply(inv))).is_err() {
-                        shared.kill();
+                    if catch_unwind(AssertUnwindSafe(|| sink.apply(inv))).is_err() {
+                        sink.kill();
                         dead = true;
                     }
                 }
                 Ok(None) => {}
                 Err(_) => {
-                    shared.kill();
+                    sink.kill();
                     dead = true;
                 }
             }
-            shared.end_message();
+            sink.end();
             // Messages first: a stop request waits until no unmapping thread is left waiting.
             continue;
         }
