@@ -74,7 +74,7 @@ impl fmt::Display for Unsupported {
             }
             Unsupported::UnknownBackend { value } => write!(
                 f,
-                "UMN_BACKEND={value:?} names no backend (expected auto, uffd or hooks)"
+                "UMN_BACKEND={value:?} names no backend (expected auto, uffd, hooks or perf)"
             ),
             Unsupported::Perf { missing } => {
                 write!(f, "the perf tracepoint backend can not start: {missing}")

@@ -91,6 +91,7 @@ pub fn resolve(asked: Backend) -> Result<Backend, ummunotify::Error> {
 pub fn backend_label(backend: Backend) -> &'static str {
     match backend {
         Backend::Hooks => "hooks",
+        Backend::Perf => "perf",
         _ => "userfaultfd",
     }
 }

@@ -12,7 +12,7 @@ usage: umn <command>
 
 commands:
   doctor             which backends work here, which kernel features exist, what is missing
-  coverage [--json] [--backend auto|uffd|hooks]
+  coverage [--json] [--backend auto|uffd|hooks|perf]
                      run every kind of mapping change against the notifier (each in a child
                      process, on the backend asked for: auto = userfaultfd where it starts,
                      else hooks) and report per kind: detected, expected (can this backend see
@@ -50,7 +50,7 @@ fn main() -> ExitCode {
                             Some(b) => asked = b,
                             None => {
                                 eprint!(
-                                    "umn coverage: --backend needs auto, uffd or hooks\n{USAGE}"
+                                    "umn coverage: --backend needs auto, uffd, hooks or perf\n{USAGE}"
                                 );
                                 return ExitCode::from(2);
                             }

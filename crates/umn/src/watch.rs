@@ -54,7 +54,8 @@ impl Watcher for NotifierWatcher<'_> {
             .collect()
     }
 
-    /// What the notifier's backend can see: everything userfaultfd reports, or every libc call.
+    /// What the notifier's backend can see: everything userfaultfd reports, every libc call, or
+    /// every traced syscall (perf).
     fn expects(&self, kind: ChangeKind) -> bool {
         expects(self.notifier.backend(), kind)
     }
@@ -70,6 +71,7 @@ impl Watcher for NotifierWatcher<'_> {
 pub fn expects(backend: Backend, kind: ChangeKind) -> bool {
     match backend {
         Backend::Hooks => kind.hooks_report(),
+        Backend::Perf => kind.perf_reports(),
         _ => kind.userfaultfd_reports(),
     }
 }

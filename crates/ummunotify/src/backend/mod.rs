@@ -88,27 +88,34 @@ pub enum Backend {
     /// libc's unmapping calls patched in the calling thread (x86-64, dynamic glibc): works
     /// where userfaultfd is denied; misses raw syscalls and io_uring.
     Hooks,
+    /// perf `syscalls:sys_enter_*`/`sys_exit_*` tracepoints of this process's threads, one ring
+    /// per CPU, pulled by every check (x86-64; needs tracefs and `CAP_PERFMON`): sees raw
+    /// syscalls, `shmdt` and `MADV_GUARD_INSTALL`; misses io_uring and file hole punching.
+    /// Never chosen by `Auto`.
+    Perf,
 }
 
 /// The environment variable [`Notifier::new`](crate::Notifier::new) reads.
 pub const BACKEND_ENV: &str = "UMN_BACKEND";
 
 impl Backend {
-    /// The name `UMN_BACKEND` and `umn` use: `auto`, `uffd`, `hooks`.
+    /// The name `UMN_BACKEND` and `umn` use: `auto`, `uffd`, `hooks`, `perf`.
     pub fn name(self) -> &'static str {
         match self {
             Backend::Auto => "auto",
             Backend::Userfaultfd => "uffd",
             Backend::Hooks => "hooks",
+            Backend::Perf => "perf",
         }
     }
 
-    /// Parses `auto`, `uffd` (or `userfaultfd`), `hooks`.
+    /// Parses `auto`, `uffd` (or `userfaultfd`), `hooks`, `perf`.
     pub fn from_name(name: &str) -> Option<Backend> {
         match name.trim() {
             "auto" | "" => Some(Backend::Auto),
             "uffd" | "userfaultfd" => Some(Backend::Userfaultfd),
             "hooks" => Some(Backend::Hooks),
+            "perf" => Some(Backend::Perf),
             _ => None,
         }
     }
@@ -191,6 +198,12 @@ pub(crate) fn open(
         (uffd::watcher(u), Backend::Userfaultfd, how)
     };
     match backend {
+        #[cfg(target_arch = "x86_64")]
+        Backend::Perf => perf::open_watcher().map(|(w, how)| (w, Backend::Perf, how)),
+        #[cfg(not(target_arch = "x86_64"))]
+        Backend::Perf => Err(crate::Unsupported::Perf {
+            missing: "this build's perf backend is x86-64 only".into(),
+        }),
         Backend::Userfaultfd => Ok(uffd(uffd::Uffd::open()?, "asked for ")),
         Backend::Hooks => hooks()
             .map(|(w, b, how)| (w, b, format!("asked for hooks: {how}")))

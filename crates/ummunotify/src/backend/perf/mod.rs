@@ -53,6 +53,17 @@
 //!   (`int 0x80`) syscalls (syscall tracepoints skip compat calls), another process's
 //!   `process_madvise` on us, a `CLONE_VM` child that is not a thread, CPUs brought online later.
 //!
+//! * **Suppressed by a BPF program.** A BPF program attached (by anyone on the machine) to one
+//!   of these tracepoints that returns 0 makes the kernel skip *every* perf event of that
+//!   tracepoint, system-wide (`perf_syscall_enter`: `!perf_call_bpf_enter(..)` returns before
+//!   the perf events are written). Seen here: while the eBPF backend's tests ran, the rings
+//!   recorded nothing for munmap, mremap, madvise, brk, mmap, shmdt, shmat and process_madvise.
+//!   So [`Perf::open`] and then the delivery thread, every tick, run a canary
+//!   ([`Perf::canary`]: each traced call once with arguments the kernel refuses); a tracepoint
+//!   that records nothing refuses the start, or kills the notifier (every check fails). Checks
+//!   made between the attachment and the next tick can be stale: a BPF program on these
+//!   tracepoints should return 1 to coexist with perf users (this backend, `perf trace`).
+//!
 //! # Privilege
 //! tracefs must be mounted (for the tracepoint ids) and raw tracepoint samples need
 //! `CAP_PERFMON` (or `CAP_SYS_ADMIN`) unless `kernel.perf_event_paranoid` is -1. [`Perf::open`]
@@ -61,17 +72,21 @@
 //! attach to).
 #![allow(unsafe_code)]
 // pthread_atfork.
-// Until the notifier core takes pull backends (the backend seam), only the tests drive it.
-#![allow(dead_code)]
 
 pub(crate) mod decode;
 mod sys;
 #[cfg(test)]
 mod tests;
+mod watcher;
+
+pub(crate) use watcher::open as open_watcher;
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicBool, AtomicU64,
+    Ordering::{Acquire, Relaxed, Release},
+};
 use std::sync::{Mutex, Once};
 
 use decode::{Call, Ids, Record, CALLS, MAX_RECORD};
@@ -95,6 +110,31 @@ pub(crate) trait Target {
     fn window_close(&self, window: u64);
     /// Anything may have changed: every region is invalid.
     fn invalidate_all(&self);
+}
+
+/// What [`Perf::canary`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Canary {
+    /// Every tracepoint recorded the canary's call.
+    Ok,
+    /// A ring lost records meanwhile: no verdict.
+    Void,
+    /// These tracepoints (bits of the id table) recorded nothing.
+    Suppressed(u32),
+}
+
+/// A target that drops everything (the start-up canary, before any region exists).
+struct Discard;
+
+impl Target for Discard {
+    fn begin(&self) {}
+    fn apply(&self, _: Invalidation) {}
+    fn end(&self) {}
+    fn window_open(&self, _: u64, _: u64) -> u64 {
+        0
+    }
+    fn window_close(&self, _: u64) {}
+    fn invalidate_all(&self) {}
 }
 
 /// Open calls remembered per backend (threads in a traced syscall at once, and some slack).
@@ -126,6 +166,12 @@ struct Drain {
     open: [Option<OpenCall>; OPEN_CALLS],
     /// The highest program break seen (a shrinking brk unmaps up to it).
     brk_top: u64,
+    /// The canary's thread ([`Perf::canary`]): its records are witnesses, not changes.
+    canary_tid: i32,
+    /// Which of `ids` the canary's records showed since the last [`Perf::canary`] (bit i).
+    seen: u32,
+    /// A loss since the last canary: its verdict is void.
+    lost_since_canary: bool,
     stats: PerfStats,
 }
 
@@ -262,7 +308,7 @@ impl Perf {
             })
             .collect();
         let n = rings.len();
-        Ok(Perf {
+        let perf = Perf {
             rings,
             ids,
             threads: attached.len(),
@@ -272,11 +318,69 @@ impl Perf {
                 h2: vec![0; n],
                 open: [None; OPEN_CALLS],
                 brk_top: sys::current_brk(),
+                canary_tid: 0,
+                seen: 0,
+                lost_since_canary: false,
                 stats: PerfStats::default(),
             }),
             fds,
             leads,
-        })
+        };
+        // Something may suppress the samples (below): refuse to start rather than run blind.
+        match perf.canary(crate::sys::gettid(), &Discard) {
+            Canary::Suppressed(which) => Err(missing(format!(
+                "the tracepoints record nothing: {}",
+                perf.suppressed(which)
+            ))),
+            Canary::Ok | Canary::Void => Ok(perf),
+        }
+    }
+
+    /// Makes every traced syscall once from thread `tid` with arguments the kernel refuses
+    /// (`EINVAL`, `EBADF`: nothing changes), pulls into `target`, and says whether the rings
+    /// recorded all of them. A BPF program attached to the same tracepoint by anyone on the
+    /// machine that returns 0 suppresses every perf sample of that tracepoint, system-wide
+    /// (`perf_syscall_enter` skips the perf events when `perf_call_bpf_enter` says 0): the
+    /// backend would then miss every such call silently. The delivery thread runs this every
+    /// tick and kills the notifier (every check fails) when a tracepoint goes quiet.
+    pub(crate) fn canary(&self, tid: i32, target: &dyn Target) -> Canary {
+        {
+            let mut d = self.drain.lock().unwrap_or_else(|e| e.into_inner());
+            d.canary_tid = tid;
+            d.seen = 0;
+            d.lost_since_canary = false;
+        }
+        sys::refused_calls();
+        self.pull(target);
+        let mut d = self.drain.lock().unwrap_or_else(|e| e.into_inner());
+        // Every record of the canary's calls was written before that pull's snapshots: from
+        // now on this thread's records are changes again.
+        d.canary_tid = 0;
+        let all = (1u32 << self.ids.len()) - 1;
+        if d.lost_since_canary {
+            Canary::Void
+        } else if d.seen & all == all {
+            Canary::Ok
+        } else {
+            Canary::Suppressed(all & !d.seen)
+        }
+    }
+
+    /// The tracepoints named by the bits of `which`, in words.
+    pub(crate) fn suppressed(&self, which: u32) -> String {
+        let names: Vec<String> = (0..self.ids.len())
+            .filter(|i| which & (1 << i) != 0)
+            .map(|i| {
+                let (_, call, exit) = self.ids[i];
+                let n = CALLS.iter().find(|c| c.0 == call).map_or("?", |c| c.1);
+                format!("syscalls:sys_{}_{n}", if exit { "exit" } else { "enter" })
+            })
+            .collect();
+        format!(
+            "{} (a BPF program attached to them that returns 0 suppresses perf samples \
+             system-wide)",
+            names.join(", ")
+        )
     }
 
     /// Opens every tracepoint for `tid` on every CPU; the first event on a CPU gets its ring.
@@ -313,7 +417,7 @@ impl Perf {
             || self
                 .rings
                 .iter()
-                .any(|r| r.map.head() != r.tail.load(Relaxed))
+                .any(|r| r.map.head() != r.tail.load(Acquire))
     }
 
     /// The rings' lead fds (readable at the wake-up watermark), for a poller.
@@ -327,6 +431,7 @@ impl Perf {
     }
 
     /// What the pulls saw so far.
+    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn stats(&self) -> PerfStats {
         self.drain.lock().unwrap_or_else(|e| e.into_inner()).stats
     }
@@ -397,9 +502,12 @@ impl Perf {
                 }
             });
             r.map.set_tail(d.h1[i]);
-            r.tail.store(d.h1[i], Relaxed);
+            // Release: a check that finds nothing new (Acquire below) also sees what this pull
+            // delivered.
+            r.tail.store(d.h1[i], Release);
         }
         if lost {
+            d.lost_since_canary = true;
             d.stats.overflows += 1;
             // Exits may be among the lost: forget the open calls (the core's protocol ends
             // their windows).
@@ -434,7 +542,17 @@ fn walk(ring: &sys::RingMap, from: u64, to: u64, ids: &Ids, mut f: impl FnMut(Re
     true
 }
 
+/// Bit of `call` (entry or exit) in the id table's order.
+fn bit(call: Call, exit: bool) -> u32 {
+    let i = CALLS.iter().position(|c| c.0 == call).unwrap_or(0);
+    1 << (2 * i + exit as usize)
+}
+
 fn enter(d: &mut Drain, t: &dyn Target, tid: i32, time: u64, call: Call, args: [u64; 6]) {
+    if tid == d.canary_tid {
+        d.seen |= bit(call, false);
+        return;
+    }
     d.stats.entries += 1;
     let (ranges, unmap) = decode::effect(call, args, d.brk_top);
     let mut windows = [None; 2];
@@ -465,6 +583,10 @@ fn enter(d: &mut Drain, t: &dyn Target, tid: i32, time: u64, call: Call, args: [
 }
 
 fn exit(d: &mut Drain, t: &dyn Target, tid: i32, time: u64, call: Call, ret: i64) {
+    if tid == d.canary_tid {
+        d.seen |= bit(call, true);
+        return;
+    }
     if call == Call::Brk && ret > 0 {
         d.brk_top = d.brk_top.max(ret as u64);
     }

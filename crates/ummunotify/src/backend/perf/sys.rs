@@ -249,3 +249,39 @@ pub(super) fn current_brk() -> u64 {
     // SAFETY: brk(0) only returns the break.
     unsafe { libc::syscall(libc::SYS_brk, 0) as u64 }
 }
+
+/// Every traced syscall once, with arguments the kernel refuses before it changes anything
+/// (the canary, see `Perf::canary`): unaligned addresses (`EINVAL`), a bad fd or id.
+pub(super) fn refused_calls() {
+    let calls: [(libc::c_long, [u64; 6]); 9] = [
+        (libc::SYS_munmap, [1, 4096, 0, 0, 0, 0]),
+        (libc::SYS_mremap, [1, 4096, 4096, 0, 0, 0]),
+        (
+            libc::SYS_madvise,
+            [1, 4096, libc::MADV_DONTNEED as u64, 0, 0, 0],
+        ),
+        // brk(0) only reads the break.
+        (libc::SYS_brk, [0; 6]),
+        // Length 0: EINVAL.
+        (
+            libc::SYS_mmap,
+            [
+                0,
+                0,
+                0,
+                (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64,
+                u64::MAX,
+                0,
+            ],
+        ),
+        (libc::SYS_shmdt, [1, 0, 0, 0, 0, 0]),
+        (libc::SYS_shmat, [u64::MAX, 0, 0, 0, 0, 0]),
+        (libc::SYS_process_madvise, [u64::MAX, 0, 0, 0, 0, 0]),
+        (libc::SYS_remap_file_pages, [1, 0, 0, 0, 0, 0]),
+    ];
+    for (nr, a) in calls {
+        // SAFETY: each call is refused by the kernel (unaligned address, zero length, bad fd
+        // or id) or only reads (brk(0)): no memory changes.
+        unsafe { libc::syscall(nr, a[0], a[1], a[2], a[3], a[4], a[5]) };
+    }
+}
