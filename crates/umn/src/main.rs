@@ -3,6 +3,7 @@ use std::process::ExitCode;
 
 use umn::{coverage, doctor};
 
+mod backends;
 mod bench;
 mod bench_c;
 mod demo;
@@ -23,6 +24,9 @@ commands:
                      bytes, the ummunotify cache does not
   bench [--json]     cache and notifier costs as ratios to baselines measured in the same run
                      (build with --release)
+  bench --backends [--json] [--svg FILE]
+                     every backend that starts here (and UCX 1.22's hooks + rcache) side by
+                     side, each against its own baselines, in one run; --svg writes the plot
 ";
 
 fn main() -> ExitCode {
@@ -99,6 +103,66 @@ fn main() -> ExitCode {
                 eprintln!("umn demo: {e}");
                 ExitCode::FAILURE
             }
+        },
+        ["bench", "--backends", rest @ ..] => {
+            let mut svg = None;
+            let mut it = rest.iter();
+            while let Some(a) = it.next() {
+                match *a {
+                    "--json" | "--quick" => {}
+                    "--svg" => match it.next() {
+                        Some(f) => svg = Some(*f),
+                        None => {
+                            eprint!("umn bench --backends: --svg needs a file\n{USAGE}");
+                            return ExitCode::from(2);
+                        }
+                    },
+                    _ => {
+                        eprint!("{USAGE}");
+                        return ExitCode::from(2);
+                    }
+                }
+            }
+            let exe = match std::env::current_exe() {
+                Ok(e) => e,
+                Err(e) => {
+                    eprintln!("umn: can not find my own executable: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            let rows = backends::run(&exe, rest.contains(&"--quick"));
+            if rest.contains(&"--json") {
+                println!("{}", backends::to_json(&rows));
+            } else {
+                print!("{}", backends::to_table(&rows));
+            }
+            if let Some(f) = svg {
+                if let Err(e) = std::fs::write(f, backends::to_svg(&rows)) {
+                    eprintln!("umn bench --backends: {f}: {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
+            if rows.is_empty() {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            }
+        }
+        [backends::CHILD, name, rest @ ..] => {
+            match backends::child_main(name, rest.contains(&"--quick")) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("{e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        [backends::GETPID, n] => match n.parse() {
+            Ok(n) => {
+                backends::getpid_main(n);
+                ExitCode::SUCCESS
+            }
+            Err(_) => ExitCode::from(2),
         },
         ["bench", rest @ ..] if rest.iter().all(|a| *a == "--json" || *a == "--quick") => {
             match bench::run(rest.contains(&"--quick")) {

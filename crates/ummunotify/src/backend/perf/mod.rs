@@ -148,12 +148,39 @@ struct Ring {
     tail: AtomicU64,
 }
 
-/// A traced call whose exit has not been seen.
+/// One thread's traced calls since the last loss. A thread is in one syscall at a time, so its
+/// entry at `t2` proves that its call entered at `t1 < t2` has ended: one open call per thread.
 #[derive(Clone, Copy)]
 struct OpenCall {
     tid: i32,
-    time: u64,
-    windows: [Option<u64>; 2],
+    /// The first entry seen from this thread: an exit older than it has no entry (an orphan).
+    first: u64,
+    /// The call in progress: its entry time and windows.
+    open: Option<(u64, [Option<u64>; 2])>,
+}
+
+fn close(t: &dyn Target, windows: [Option<u64>; 2]) {
+    for w in windows.iter().flatten() {
+        t.window_close(*w);
+    }
+}
+
+/// The slot of `tid` (open addressing from `tid % OPEN_CALLS`), or a free one for it, or (all
+/// taken) one whose thread is in no call, which is forgotten (its later exits may read as
+/// orphans: conservative).
+fn slot(d: &mut Drain, tid: i32) -> Option<usize> {
+    let start = tid.unsigned_abs() as usize % OPEN_CALLS;
+    let mut idle = None;
+    for k in 0..OPEN_CALLS {
+        let i = (start + k) % OPEN_CALLS;
+        match &d.open[i] {
+            Some(c) if c.tid == tid => return Some(i),
+            Some(c) if c.open.is_none() && idle.is_none() => idle = Some(i),
+            Some(_) => {}
+            None => return Some(i),
+        }
+    }
+    idle
 }
 
 /// What a pull keeps between pulls (under the drain lock).
@@ -570,12 +597,28 @@ fn enter(d: &mut Drain, t: &dyn Target, tid: i32, time: u64, call: Call, args: [
         }
         t.end();
     }
-    let call = OpenCall { tid, time, windows };
-    match d.open.iter_mut().find(|c| c.is_none()) {
-        Some(slot) => *slot = Some(call),
+    match slot(d, tid) {
+        Some(i) => {
+            let c = d.open[i].get_or_insert(OpenCall {
+                tid,
+                first: time,
+                open: None,
+            });
+            if c.tid != tid {
+                *c = OpenCall {
+                    tid,
+                    first: time,
+                    open: None,
+                };
+            }
+            // The thread's previous call (if its exit is not delivered yet) has ended.
+            if let Some((_, w)) = c.open.replace((time, windows)) {
+                close(t, w);
+            }
+        }
         None => {
-            // No room to remember it: its exit will be an orphan (invalidate_all again); its
-            // windows are left to the core's protocol.
+            // Every slot holds a call in progress: this one's exit will be an orphan
+            // (invalidate_all then); its windows are left to the core's protocol.
             d.stats.table_full += 1;
             t.invalidate_all();
         }
@@ -590,23 +633,24 @@ fn exit(d: &mut Drain, t: &dyn Target, tid: i32, time: u64, call: Call, ret: i64
     if call == Call::Brk && ret > 0 {
         d.brk_top = d.brk_top.max(ret as u64);
     }
-    let mut found = false;
-    for slot in d.open.iter_mut() {
-        if let Some(c) = slot {
-            if c.tid == tid && c.time < time {
-                for w in c.windows.iter().flatten() {
-                    t.window_close(*w);
+    let c = d.open.iter_mut().flatten().find(|c| c.tid == tid);
+    match c {
+        Some(c) if c.first < time => {
+            if let Some((at, w)) = c.open {
+                if at < time {
+                    close(t, w);
+                    c.open = None;
                 }
-                *slot = None;
-                found = true;
             }
+            // Else the exit of a call already ended by a later entry of the thread.
+            d.stats.exits += 1;
         }
-    }
-    if found {
-        d.stats.exits += 1;
-    } else {
-        d.stats.orphan_exits += 1;
-        t.invalidate_all();
+        _ => {
+            // No entry of this thread before this exit: the entry was lost, or the call began
+            // before the events were open. Something of unknown range just changed.
+            d.stats.orphan_exits += 1;
+            t.invalidate_all();
+        }
     }
 }
 

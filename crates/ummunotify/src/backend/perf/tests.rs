@@ -16,6 +16,7 @@ macro_rules! isolated_tests {
 }
 
 isolated_tests! {
+    a_storm_pairs_every_exit_with_its_entry => a_storm_pairs_every_exit_with_its_entry_body,
     a_munmap_is_pending_when_it_returns_and_delivers_its_range_and_its_end => a_munmap_is_pending_when_it_returns_and_delivers_its_range_and_its_end_body,
     each_traced_call_is_decoded_from_its_kernel_record => each_traced_call_is_decoded_from_its_kernel_record_body,
     a_call_between_its_entry_and_its_exit_holds_its_window_open => a_call_between_its_entry_and_its_exit_holds_its_window_open_body,
@@ -544,4 +545,36 @@ fn a_forked_child_is_not_traced_into_the_parents_rings_body() {
     munmap(a, PAGE);
     perf.pull(&rec);
     assert!(rec.take().contains(&unmap));
+}
+
+/// 10,000 munmaps back to back while another thread pulls every 10 ms: one pull delivers
+/// thousands of calls, and their entries and exits must pair up without a table of their own
+/// (one open call per thread): no "table full", and no orphan exit unless a ring overflowed.
+fn a_storm_pairs_every_exit_with_its_entry_body() {
+    let Some((perf, _rec, a)) = setup("perf_storm", 10_000) else {
+        return;
+    };
+    let perf = std::sync::Arc::new(perf);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (p2, s2) = (perf.clone(), stop.clone());
+    let puller = std::thread::spawn(move || {
+        let rec = Recorder::default();
+        while !s2.load(std::sync::atomic::Ordering::Relaxed) {
+            p2.pull(&rec);
+            rec.take();
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        p2.pull(&rec);
+    });
+    for i in 0..10_000u64 {
+        assert_eq!(munmap(a + i * PAGE as u64, PAGE), 0);
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    puller.join().unwrap();
+    let st = perf.stats();
+    assert!(st.entries >= 10_000, "{st:?}");
+    assert_eq!(st.table_full, 0, "{st:?}");
+    if st.overflows == 0 {
+        assert_eq!(st.orphan_exits, 0, "{st:?}");
+    }
 }
