@@ -32,6 +32,12 @@ use ummunotify::registrar::NoopRegistrar;
 use ummunotify::{Backend, Cookie, Notifier};
 use ummunotify_testkit::changes::json_string;
 
+use crate::bench::{median, paired, touch, unmap};
+
+fn map(len: usize) -> usize {
+    crate::bench::map(len, 0)
+}
+
 /// The hidden subcommand a backend's child runs.
 pub const CHILD: &str = "__bench-backend";
 /// The hidden subcommand of the other process in `getpid_other_process`.
@@ -187,58 +193,17 @@ pub fn getpid_main(n: u64) {
     println!("{}", t.elapsed().as_nanos() as f64 / n as f64);
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
-
 const PG: usize = 4096;
-
-fn map(len: usize) -> usize {
-    // SAFETY: a fresh anonymous mapping.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-            -1,
-            0,
-        )
-    };
-    assert!(p != libc::MAP_FAILED, "mmap failed");
-    p as usize
-}
-
-fn unmap(a: usize, len: usize) {
-    // SAFETY: benchmark-owned memory.
-    unsafe { libc::munmap(a as *mut _, len) };
-}
 
 fn dontneed(a: usize, len: usize) {
     // SAFETY: benchmark-owned memory.
     unsafe { libc::madvise(a as *mut _, len, libc::MADV_DONTNEED) };
 }
 
-fn touch(a: usize, len: usize) {
-    // SAFETY: benchmark-owned writable memory.
-    unsafe { std::ptr::write_bytes(a as *mut u8, 1, len) };
-}
-
 fn ns(f: impl FnOnce()) -> f64 {
     let t = Instant::now();
     f();
     t.elapsed().as_nanos() as f64
-}
-
-/// Median over `batches` of the mean cost of `a` and of `b` in batches of `per`, alternating.
-fn paired(batches: usize, per: usize, mut a: impl FnMut(), mut b: impl FnMut()) -> (f64, f64) {
-    let (mut va, mut vb) = (Vec::new(), Vec::new());
-    for _ in 0..batches {
-        va.push(ns(|| (0..per).for_each(|_| a())) / per as f64);
-        vb.push(ns(|| (0..per).for_each(|_| b())) / per as f64);
-    }
-    (median(va), median(vb))
 }
 
 fn rss_bytes() -> f64 {

@@ -42,7 +42,7 @@ fn row(name: &'static str, ns: f64, baseline_name: &'static str, base: f64) -> R
     }
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
 }
@@ -61,7 +61,12 @@ fn batched(batches: usize, per: usize, mut f: impl FnMut()) -> f64 {
 }
 
 /// Two closures measured alternately, batch by batch (so noise hits both alike).
-fn paired(batches: usize, per: usize, mut a: impl FnMut(), mut b: impl FnMut()) -> (f64, f64) {
+pub(crate) fn paired(
+    batches: usize,
+    per: usize,
+    mut a: impl FnMut(),
+    mut b: impl FnMut(),
+) -> (f64, f64) {
     let (mut va, mut vb) = (Vec::new(), Vec::new());
     for _ in 0..batches {
         va.push(batched(1, per, &mut a));
@@ -75,7 +80,7 @@ fn page() -> usize {
     unsafe { libc::sysconf(libc::_SC_PAGESIZE) as usize }
 }
 
-fn map(len: usize, at: usize) -> usize {
+pub(crate) fn map(len: usize, at: usize) -> usize {
     let mut flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
     if at != 0 {
         flags |= libc::MAP_FIXED_NOREPLACE;
@@ -98,12 +103,12 @@ fn map(len: usize, at: usize) -> usize {
     p as usize
 }
 
-fn unmap(addr: usize, len: usize) {
+pub(crate) fn unmap(addr: usize, len: usize) {
     // SAFETY: benchmark-owned mapping.
     unsafe { libc::munmap(addr as *mut _, len) };
 }
 
-fn touch(addr: usize, len: usize) {
+pub(crate) fn touch(addr: usize, len: usize) {
     // SAFETY: benchmark-owned writable mapping.
     unsafe { std::ptr::write_bytes(addr as *mut u8, 1, len) };
 }

@@ -66,12 +66,9 @@ fn main() -> ExitCode {
                     }
                 }
             }
-            let exe = match std::env::current_exe() {
+            let exe = match own_exe() {
                 Ok(e) => e,
-                Err(e) => {
-                    eprintln!("umn: can not find my own executable: {e}");
-                    return ExitCode::FAILURE;
-                }
+                Err(code) => return code,
             };
             let backend = match coverage::resolve(asked) {
                 Ok(b) => b,
@@ -123,12 +120,9 @@ fn main() -> ExitCode {
                     }
                 }
             }
-            let exe = match std::env::current_exe() {
+            let exe = match own_exe() {
                 Ok(e) => e,
-                Err(e) => {
-                    eprintln!("umn: can not find my own executable: {e}");
-                    return ExitCode::FAILURE;
-                }
+                Err(code) => return code,
             };
             let rows = backends::run(&exe, rest.contains(&"--quick"));
             if rest.contains(&"--json") {
@@ -189,4 +183,12 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// This executable (children are started from it).
+fn own_exe() -> Result<std::path::PathBuf, ExitCode> {
+    std::env::current_exe().map_err(|e| {
+        eprintln!("umn: can not find my own executable: {e}");
+        ExitCode::FAILURE
+    })
 }
