@@ -31,9 +31,14 @@
 //!
 //! # Start and end: the invalidation-in-progress window
 //! The entry record comes *before* the change. A registration made after the entry was
-//! delivered and before the change completes would pin the frames about to go, so each entry
-//! with a range opens a window (`Target::window_open`: no registration or re-arm over it is valid
-//! while it is open) that the call's `sys_exit_*` record closes. Matching is by thread (a
+//! delivered and before the change completes would pin the frames about to go. So the call's
+//! end (its `sys_exit_*` record, or the thread's next entry) invalidates its ranges *again*,
+//! like the hooks' second pass: the exit record is in the ring before the call returns, so
+//! every check after the return delivers it first. Each entry with a range also opens a window
+//! (`Target::window_open`: a registration over it waits, bounded, and is born invalid) that the
+//! end closes; the core may end a window by grace, which the second pass makes harmless
+//! (`tests/perf.rs` blocks a madvise between entry and exit with a userfaultfd and fails
+//! without the second pass). Matching is by thread (a
 //! thread is in one syscall at a time) and time: an exit closes the thread's open entries older
 //! than it. Rings are per CPU and a thread may move between entry and exit, so a pull snapshots
 //! every head twice and takes entries up to the second snapshot, exits only up to the first: an
@@ -90,6 +95,8 @@ use std::sync::atomic::{
 use std::sync::{Mutex, Once};
 
 use decode::{Call, Ids, Record, CALLS, MAX_RECORD};
+
+use crate::backend::hooks::calls::Ranges;
 
 use super::Invalidation;
 
@@ -155,12 +162,41 @@ struct OpenCall {
     tid: i32,
     /// The first entry seen from this thread: an exit older than it has no entry (an orphan).
     first: u64,
-    /// The call in progress: its entry time and windows.
-    open: Option<(u64, [Option<u64>; 2])>,
+    /// The call in progress: its entry time, windows, and what it changes.
+    open: Option<Open>,
 }
 
-fn close(t: &dyn Target, windows: [Option<u64>; 2]) {
-    for w in windows.iter().flatten() {
+/// A call in progress.
+#[derive(Clone, Copy)]
+struct Open {
+    time: u64,
+    windows: [Option<u64>; 2],
+    ranges: Ranges,
+    unmap: bool,
+}
+
+/// Invalidates `ranges` (one message).
+fn invalidate(t: &dyn Target, ranges: &Ranges, unmap: bool) {
+    for &(start, end) in ranges.iter().flatten() {
+        t.apply(if unmap {
+            Invalidation::Unmap { start, end }
+        } else {
+            Invalidation::Remove { start, end }
+        });
+    }
+}
+
+/// The call `o` has ended: its ranges are invalidated again (a region registered or re-armed
+/// while it ran, after its entry was delivered, may hold the old pages; like the hooks' second
+/// pass), then its windows close. Correct without the windows: the exit record is in the ring
+/// before the call returns, so every check after the return delivers this first.
+fn ended(t: &dyn Target, o: Open) {
+    if o.ranges.iter().any(Option::is_some) {
+        t.begin();
+        invalidate(t, &o.ranges, o.unmap);
+        t.end();
+    }
+    for w in o.windows.iter().flatten() {
         t.window_close(*w);
     }
 }
@@ -354,7 +390,12 @@ impl Perf {
             leads,
         };
         // Something may suppress the samples (below): refuse to start rather than run blind.
-        match perf.canary(crate::sys::gettid(), &Discard) {
+        let verdict = perf.canary(crate::sys::gettid(), &Discard);
+        // The windows "opened" into `Discard` are not the core's: forget every open call (an
+        // exit of a call in progress now reads as an orphan: everything changed, harmless at
+        // start).
+        perf.drain.lock().unwrap_or_else(|e| e.into_inner()).open = [None; OPEN_CALLS];
+        match verdict {
             Canary::Suppressed(which) => Err(missing(format!(
                 "the tracepoints record nothing: {}",
                 perf.suppressed(which)
@@ -588,15 +629,15 @@ fn enter(d: &mut Drain, t: &dyn Target, tid: i32, time: u64, call: Call, args: [
         for (w, &(s, e)) in windows.iter_mut().zip(ranges.iter().flatten()) {
             *w = Some(t.window_open(s, e));
         }
-        for &(start, end) in ranges.iter().flatten() {
-            t.apply(if unmap {
-                Invalidation::Unmap { start, end }
-            } else {
-                Invalidation::Remove { start, end }
-            });
-        }
+        invalidate(t, &ranges, unmap);
         t.end();
     }
+    let now = Open {
+        time,
+        windows,
+        ranges,
+        unmap,
+    };
     match slot(d, tid) {
         Some(i) => {
             let c = d.open[i].get_or_insert(OpenCall {
@@ -612,8 +653,8 @@ fn enter(d: &mut Drain, t: &dyn Target, tid: i32, time: u64, call: Call, args: [
                 };
             }
             // The thread's previous call (if its exit is not delivered yet) has ended.
-            if let Some((_, w)) = c.open.replace((time, windows)) {
-                close(t, w);
+            if let Some(prev) = c.open.replace(now) {
+                ended(t, prev);
             }
         }
         None => {
@@ -636,10 +677,10 @@ fn exit(d: &mut Drain, t: &dyn Target, tid: i32, time: u64, call: Call, ret: i64
     let c = d.open.iter_mut().flatten().find(|c| c.tid == tid);
     match c {
         Some(c) if c.first < time => {
-            if let Some((at, w)) = c.open {
-                if at < time {
-                    close(t, w);
+            if let Some(o) = c.open {
+                if o.time < time {
                     c.open = None;
+                    ended(t, o);
                 }
             }
             // Else the exit of a call already ended by a later entry of the thread.
