@@ -117,6 +117,10 @@ pub(crate) trait Target {
     fn window_close(&self, window: u64);
     /// Anything may have changed: every region is invalid.
     fn invalidate_all(&self);
+    /// The second pass at a call's end (one message, nothing when no region overlaps): regions
+    /// overlapping `[start, end)` that are not already pending from the first are invalidated
+    /// (so a pending region keeps its exact hint).
+    fn invalidate_again(&self, start: u64, end: u64, unmap: bool);
 }
 
 /// What [`Perf::canary`] found.
@@ -142,6 +146,7 @@ impl Target for Discard {
     }
     fn window_close(&self, _: u64) {}
     fn invalidate_all(&self) {}
+    fn invalidate_again(&self, _: u64, _: u64, _: bool) {}
 }
 
 /// Open calls remembered per backend (threads in a traced syscall at once, and some slack).
@@ -191,10 +196,8 @@ fn invalidate(t: &dyn Target, ranges: &Ranges, unmap: bool) {
 /// pass), then its windows close. Correct without the windows: the exit record is in the ring
 /// before the call returns, so every check after the return delivers this first.
 fn ended(t: &dyn Target, o: Open) {
-    if o.ranges.iter().any(Option::is_some) {
-        t.begin();
-        invalidate(t, &o.ranges, o.unmap);
-        t.end();
+    for &(start, end) in o.ranges.iter().flatten() {
+        t.invalidate_again(start, end, o.unmap);
     }
     for w in o.windows.iter().flatten() {
         t.window_close(*w);

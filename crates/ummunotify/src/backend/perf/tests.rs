@@ -33,6 +33,7 @@ enum Ev {
     Open(u64, u64, u64),
     Close(u64),
     All,
+    Again(u64, u64, bool),
 }
 
 #[derive(Default)]
@@ -62,6 +63,9 @@ impl Target for Recorder {
     }
     fn invalidate_all(&self) {
         self.evs.lock().unwrap().push(Ev::All);
+    }
+    fn invalidate_again(&self, start: u64, end: u64, unmap: bool) {
+        self.evs.lock().unwrap().push(Ev::Again(start, end, unmap));
     }
 }
 

@@ -38,6 +38,9 @@ impl Target for To<'_> {
     fn invalidate_all(&self) {
         self.0.invalidate_all();
     }
+    fn invalidate_again(&self, start: u64, end: u64, unmap: bool) {
+        self.0.invalidate_in_thread(start, end, unmap, true);
+    }
 }
 
 /// The perf backend of one notifier.
@@ -82,7 +85,12 @@ struct PerfProbe(Arc<Perf>);
 impl Probe for PerfProbe {
     #[inline]
     fn pull(&self, sink: &dyn Sink) {
-        self.0.pull(&To(sink));
+        if self.0.pending() {
+            // Delivery takes the index lock: no signal handler may run on this thread
+            // meanwhile (the core's rule for its lock holders).
+            let _blocked = SignalsBlocked::new();
+            self.0.pull(&To(sink));
+        }
     }
 }
 
