@@ -10,6 +10,8 @@
 # If UCX can not be built or run here, says exactly why and exits 2.
 #
 # usage: bench/ucx_compare.sh            (from anywhere; builds umn with --release)
+#        bench/ucx_compare.sh --setup-only   (only builds the UCX harness; prints its path:
+#                                            umn bench --backends runs it as its UCX row source)
 set -u
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 PEERS=${PEERS:-$REPO/../shared/peers}
@@ -41,6 +43,8 @@ BIN=$WORK/src/ucx/ucs_rcache_bench_122
 gcc -O2 -Wall -I"$W/include" -L"$W/lib" -Wl,-rpath,"$W/lib" -DUCX_RCACHE_V2 \
   -o "$BIN" "$WORK/src/ucx/ucs_rcache_bench.c" -lucs -lucm -lucs 2>"$WORK/gcc.log" ||
   fail "gcc could not build the harness against UCX 1.22: $(head -3 "$WORK/gcc.log")"
+
+if [ "${1:-}" = "--setup-only" ]; then echo "$BIN"; exit 0; fi
 
 # Our side first, then UCX right after.
 (cd "$REPO" && cargo build --release -q -p umn -p ummunotify-capi) || { echo "ucx_compare: cargo build failed" >&2; exit 1; }

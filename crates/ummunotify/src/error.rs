@@ -47,6 +47,12 @@ pub enum Unsupported {
         /// What was tried and what it returned.
         reason: String,
     },
+    /// The perf tracepoint backend can not start: what is missing (tracefs, a tracepoint, the
+    /// privilege for raw tracepoint samples, a CPU's ring).
+    Perf {
+        /// What is missing, in words a user can act on.
+        missing: String,
+    },
     /// `Backend::Auto`: neither backend can start.
     NoBackend {
         /// Why userfaultfd can not.
@@ -84,8 +90,11 @@ impl fmt::Display for Unsupported {
             }
             Unsupported::UnknownBackend { value } => write!(
                 f,
-                "UMN_BACKEND={value:?} names no backend (expected auto, uffd, hooks or ebpf)"
+                "UMN_BACKEND={value:?} names no backend (expected auto, uffd, hooks, hybrid, ebpf, kernel or perf)"
             ),
+            Unsupported::Perf { missing } => {
+                write!(f, "the perf tracepoint backend can not start: {missing}")
+            }
             Unsupported::NoBackend { userfaultfd, hooks } => write!(
                 f,
                 "no backend can start: {userfaultfd}; and the hooks backend can not patch \

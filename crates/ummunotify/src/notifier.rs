@@ -223,6 +223,9 @@ pub struct Stats {
     /// Watch requests userfaultfd refused because another context owns the pages (`EBUSY`),
     /// taken by the hooks alone (hybrid backend only; raw syscalls on them are not seen).
     pub hooks_only_watches: u64,
+    /// Times a pull backend could not say what changed and invalidated every region (a perf
+    /// ring found nearly full, a call's end seen without its start).
+    pub all_changed: u64,
 }
 
 /// The core's state, shared with the backend's delivery (as its [`Sink`]).
@@ -240,6 +243,8 @@ pub(crate) struct Shared {
     strays_pending: AtomicBool,
     messages: StdAtomicU64,
     invalidations: StdAtomicU64,
+    /// `Sink::invalidate_all` calls.
+    all_changed: StdAtomicU64,
     events_read: StdAtomicU64,
     /// Fault injection for tests: the next message makes the event path fail.
     fail_next: AtomicBool,
@@ -577,6 +582,8 @@ impl Shared {
             if crate::inflight::now_ns() > limit {
                 return;
             }
+            // A pull backend closes its windows when it delivers the call's end.
+            self.pull();
             crate::primitive::backoff(&mut round);
         }
     }
@@ -761,6 +768,7 @@ impl Notifier {
             strays_pending: AtomicBool::new(false),
             messages: StdAtomicU64::new(0),
             invalidations: StdAtomicU64::new(0),
+            all_changed: StdAtomicU64::new(0),
             events_read: StdAtomicU64::new(0),
             fail_next: AtomicBool::new(false),
             message_hit: AtomicBool::new(false),
@@ -1409,6 +1417,7 @@ impl Notifier {
             removes_by_grace: inflight.1,
             removes_in_flight: inflight.2,
             hooks_only_watches: sh.watcher.hooks_only(),
+            all_changed: sh.all_changed.load(Relaxed),
         }
     }
 
@@ -1587,6 +1596,7 @@ impl Sink for Shared {
 
     /// Every region invalid, each with an event for its whole range (not an unmap: watches stay).
     fn invalidate_all(&self) {
+        self.all_changed.fetch_add(1, Relaxed);
         let mut l = self.lock_index();
         generation::begin_message(self.counter());
         self.messages.fetch_add(1, Relaxed);

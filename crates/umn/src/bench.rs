@@ -61,7 +61,12 @@ pub(crate) fn batched(batches: usize, per: usize, mut f: impl FnMut()) -> f64 {
 }
 
 /// Two closures measured alternately, batch by batch (so noise hits both alike).
-fn paired(batches: usize, per: usize, mut a: impl FnMut(), mut b: impl FnMut()) -> (f64, f64) {
+pub(crate) fn paired(
+    batches: usize,
+    per: usize,
+    mut a: impl FnMut(),
+    mut b: impl FnMut(),
+) -> (f64, f64) {
     let (mut va, mut vb) = (Vec::new(), Vec::new());
     for _ in 0..batches {
         va.push(batched(1, per, &mut a));
@@ -401,7 +406,7 @@ pub fn run(quick: bool) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
 }
 
 /// The hidden subcommand that prints one backend's rows for [`backend_rows_in_child`].
-pub const CHILD_SUBCOMMAND: &str = "__bench-backend";
+pub const CHILD_SUBCOMMAND: &str = "__bench-rows";
 
 /// The child side: `backend`'s rows, one per line, tab-separated.
 pub fn child_main(backend: &str, quick: bool) -> Result<(), Box<dyn std::error::Error>> {

@@ -96,6 +96,7 @@ pub fn backend_label(backend: Backend) -> &'static str {
         Backend::Hybrid => "hybrid",
         Backend::Ebpf => "ebpf",
         Backend::Kernel => "kernel",
+        Backend::Perf => "perf",
         _ => "userfaultfd",
     }
 }

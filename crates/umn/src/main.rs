@@ -3,6 +3,7 @@ use std::process::ExitCode;
 
 use umn::{coverage, doctor, remove_race};
 
+mod backends;
 mod bench;
 mod bench_c;
 mod bench_ebpf;
@@ -14,11 +15,12 @@ usage: umn <command>
 
 commands:
   doctor             which backends work here, which kernel features exist, what is missing
-  coverage [--json] [--backend auto|uffd|hooks|hybrid|ebpf|kernel]
+  coverage [--json] [--backend auto|uffd|hooks|hybrid|ebpf|kernel|perf]
                      run every kind of mapping change against the notifier (each in a child
                      process, on the backend asked for: auto = the /dev/ummunotify module
-                     where loaded, else userfaultfd where it starts, else hooks) and report per kind: detected, expected (can this backend see
-                     it at all), stale uses, which oracle judged; then the remove-race row:
+                     where loaded, else userfaultfd where it starts, else hooks) and report
+                     per kind: detected, expected (can this backend see it at all), stale
+                     uses, which oracle judged; then the remove-race row:
                      every REMOVE-producing kind racing registrations and re-arms for a
                      moment (stale uses, REMOVEs settled by grace); exit 0 = all expected kinds
                      detected with no stale use, 1 = a miss, stale use or problem,
@@ -38,6 +40,9 @@ commands:
   bench [--json] [--ebpf]
                      cache and notifier costs as ratios to baselines measured in the same run
                      (build with --release); --ebpf: only the eBPF backend's rows (root)
+  bench --backends [--json] [--svg FILE]
+                     every backend that starts here (and UCX 1.22's hooks + rcache) side by
+                     side, each against its own baselines, in one run; --svg writes the plot
 ";
 
 /// `umn daemon`: load, bind, say so on stderr (the journal), serve until killed.
@@ -78,7 +83,7 @@ fn main() -> ExitCode {
                             Some(b) => asked = b,
                             None => {
                                 eprint!(
-                                    "umn coverage: --backend needs auto, uffd, hooks, hybrid, ebpf or kernel\n{USAGE}"
+                                    "umn coverage: --backend needs auto, uffd, hooks, hybrid, ebpf, kernel or perf\n{USAGE}"
                                 );
                                 return ExitCode::from(2);
                             }
@@ -90,12 +95,9 @@ fn main() -> ExitCode {
                     }
                 }
             }
-            let exe = match std::env::current_exe() {
+            let exe = match own_exe() {
                 Ok(e) => e,
-                Err(e) => {
-                    eprintln!("umn: can not find my own executable: {e}");
-                    return ExitCode::FAILURE;
-                }
+                Err(code) => return code,
             };
             let backend = match coverage::resolve(asked) {
                 Ok(b) => b,
@@ -154,6 +156,63 @@ fn main() -> ExitCode {
                 eprintln!("umn demo: {e}");
                 ExitCode::FAILURE
             }
+        },
+        ["bench", "--backends", rest @ ..] => {
+            let mut svg = None;
+            let mut it = rest.iter();
+            while let Some(a) = it.next() {
+                match *a {
+                    "--json" | "--quick" => {}
+                    "--svg" => match it.next() {
+                        Some(f) => svg = Some(*f),
+                        None => {
+                            eprint!("umn bench --backends: --svg needs a file\n{USAGE}");
+                            return ExitCode::from(2);
+                        }
+                    },
+                    _ => {
+                        eprint!("{USAGE}");
+                        return ExitCode::from(2);
+                    }
+                }
+            }
+            let exe = match own_exe() {
+                Ok(e) => e,
+                Err(code) => return code,
+            };
+            let rows = backends::run(&exe, rest.contains(&"--quick"));
+            if rest.contains(&"--json") {
+                println!("{}", backends::to_json(&rows));
+            } else {
+                print!("{}", backends::to_table(&rows));
+            }
+            if let Some(f) = svg {
+                if let Err(e) = std::fs::write(f, backends::to_svg(&rows)) {
+                    eprintln!("umn bench --backends: {f}: {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
+            if rows.is_empty() {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            }
+        }
+        [backends::CHILD, name, rest @ ..] => {
+            match backends::child_main(name, rest.contains(&"--quick")) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("{e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        [backends::GETPID, n] => match n.parse() {
+            Ok(n) => {
+                backends::getpid_main(n);
+                ExitCode::SUCCESS
+            }
+            Err(_) => ExitCode::from(2),
         },
         ["bench", rest @ ..]
             if rest
@@ -215,4 +274,12 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// This executable (children are started from it).
+fn own_exe() -> Result<std::path::PathBuf, ExitCode> {
+    std::env::current_exe().map_err(|e| {
+        eprintln!("umn: can not find my own executable: {e}");
+        ExitCode::FAILURE
+    })
 }

@@ -54,7 +54,8 @@ impl Watcher for NotifierWatcher<'_> {
             .collect()
     }
 
-    /// What the notifier's backend can see: everything userfaultfd reports, or every libc call.
+    /// What the notifier's backend can see: everything userfaultfd reports, every libc call, or
+    /// every traced syscall (perf).
     fn expects(&self, kind: ChangeKind) -> bool {
         expects(self.notifier.backend(), kind)
     }
@@ -74,6 +75,7 @@ pub fn expects(backend: Backend, kind: ChangeKind) -> bool {
         Backend::Ebpf => kind.ebpf_reports(),
         // The module's MMU notifiers see every kind in the catalogue.
         Backend::Kernel => true,
+        Backend::Perf => kind.perf_reports(),
         _ => kind.userfaultfd_reports(),
     }
 }

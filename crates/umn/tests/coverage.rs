@@ -213,3 +213,40 @@ fn doctor_reports_a_working_backend() {
         "{text}"
     );
 }
+
+/// The perf tracepoint backend: every kind made by a traced syscall is detected with no stale
+/// use, libc or raw (shmdt, MADV_GUARD_INSTALL, MADV_COLLAPSE, process_madvise and raw munmap
+/// included); io_uring and file-level changes stay in the table as missed. Needs tracefs and
+/// CAP_PERFMON: where perf can not start, a loud skip (a failure in CI).
+#[test]
+fn every_traced_kind_is_detected_by_the_perf_backend() {
+    let doctor = Command::new(env!("CARGO_BIN_EXE_umn"))
+        .arg("doctor")
+        .output()
+        .expect("run umn doctor");
+    let doctor = String::from_utf8_lossy(&doctor.stdout).into_owned();
+    if !doctor.lines().any(|l| l.starts_with("perf: ok")) {
+        let why = doctor
+            .lines()
+            .find(|l| l.starts_with("perf"))
+            .unwrap_or("perf: no report");
+        ummunotify_testkit::require::skip_or_fail("perf coverage", why);
+        return;
+    }
+    let (cases, json, status) = coverage_on(&["--backend", "perf"], "perf");
+    judge(&cases, &json, ChangeKind::perf_reports);
+    for k in [
+        ChangeKind::SyscallMunmap,
+        ChangeKind::ProcessMadvise,
+        ChangeKind::Shmdt,
+        ChangeKind::MadvGuardInstall,
+        ChangeKind::MadvCollapse,
+        ChangeKind::BrkShrink,
+    ] {
+        assert!(
+            cases.iter().any(|c| c.kind == k && c.detected),
+            "{k}: {json}"
+        );
+    }
+    assert!(status.success(), "{status}: {json}");
+}

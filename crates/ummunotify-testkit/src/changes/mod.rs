@@ -235,6 +235,17 @@ impl ChangeKind {
         )
     }
 
+    /// Whether the perf tracepoint backend (`syscalls:sys_enter_*` of this process's threads)
+    /// sees this kind: every kind made by a traced syscall, libc or raw (`munmap`, `mremap`,
+    /// `madvise` including `MADV_GUARD_INSTALL` and `MADV_COLLAPSE`, `mmap(MAP_FIXED)`, `brk`,
+    /// `shmdt`, `process_madvise`); none made without one (io_uring `IORING_OP_MADVISE`) or by a
+    /// change to the file behind a mapping (`fallocate(PUNCH_HOLE)`, `ftruncate`: not traced,
+    /// and the call names no address).
+    /// (The same set as [`ebpf_reports`](Self::ebpf_reports): the same tracepoints.)
+    pub const fn perf_reports(self) -> bool {
+        self.ebpf_reports()
+    }
+
     /// Whether the case pins its range with an io_uring fixed buffer (the device oracle).
     /// False for [`ChangeKind::MadvCollapse`]: the kernel does not collapse pinned pages.
     pub const fn pins(self) -> bool {

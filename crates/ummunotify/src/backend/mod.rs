@@ -75,6 +75,8 @@ pub mod ebpf;
 pub(crate) mod hooks;
 mod hybrid;
 pub(crate) mod kernel;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod perf;
 pub(crate) mod table;
 pub(crate) mod uffd;
 
@@ -110,13 +112,19 @@ pub enum Backend {
     /// MMU notifiers in the invalidating thread, every cause, no window; checks pull its
     /// mapped counter. [`Auto`](Backend::Auto) prefers it.
     Kernel,
+    /// perf `syscalls:sys_enter_*`/`sys_exit_*` tracepoints of this process's threads, one ring
+    /// per CPU, pulled by every check (x86-64; needs tracefs and `CAP_PERFMON`): sees raw
+    /// syscalls, `shmdt` and `MADV_GUARD_INSTALL`; misses io_uring and file hole punching.
+    /// Never chosen by `Auto`.
+    Perf,
 }
 
 /// The environment variable [`Notifier::new`](crate::Notifier::new) reads.
 pub const BACKEND_ENV: &str = "UMN_BACKEND";
 
 impl Backend {
-    /// The name `UMN_BACKEND` and `umn` use: `auto`, `uffd`, `hooks`, `hybrid`, `ebpf`, `kernel`.
+    /// The name `UMN_BACKEND` and `umn` use: `auto`, `uffd`, `hooks`, `hybrid`, `ebpf`, `kernel`,
+    /// `perf`.
     pub fn name(self) -> &'static str {
         match self {
             Backend::Auto => "auto",
@@ -125,10 +133,12 @@ impl Backend {
             Backend::Hybrid => "hybrid",
             Backend::Ebpf => "ebpf",
             Backend::Kernel => "kernel",
+            Backend::Perf => "perf",
         }
     }
 
-    /// Parses `auto`, `uffd` (or `userfaultfd`), `hooks`, `hybrid`, `ebpf` (or `bpf`), `kernel`.
+    /// Parses `auto`, `uffd` (or `userfaultfd`), `hooks`, `hybrid`, `ebpf` (or `bpf`), `kernel`,
+    /// `perf`.
     pub fn from_name(name: &str) -> Option<Backend> {
         match name.trim() {
             "auto" | "" => Some(Backend::Auto),
@@ -137,6 +147,7 @@ impl Backend {
             "hybrid" => Some(Backend::Hybrid),
             "ebpf" | "bpf" => Some(Backend::Ebpf),
             "kernel" => Some(Backend::Kernel),
+            "perf" => Some(Backend::Perf),
             _ => None,
         }
     }
@@ -235,6 +246,12 @@ pub(crate) fn open(
         }
     }
     match backend {
+        #[cfg(target_arch = "x86_64")]
+        Backend::Perf => perf::open_watcher().map(|(w, how)| (w, Backend::Perf, how)),
+        #[cfg(not(target_arch = "x86_64"))]
+        Backend::Perf => Err(crate::Unsupported::Perf {
+            missing: "this build's perf backend is x86-64 only".into(),
+        }),
         Backend::Kernel => kernel::watcher().map(|w| {
             let how = "asked for kernel: /dev/ummunotify (this project's module)".to_owned();
             (w, Backend::Kernel, how)
@@ -343,5 +360,8 @@ pub fn probe() -> Vec<BackendReport> {
             auto,
         ],
     };
-    vec![kernel::probe(), u, h, hybrid, ebpf::probe()]
+    let mut v = vec![kernel::probe(), u, h, hybrid, ebpf::probe()];
+    #[cfg(target_arch = "x86_64")]
+    v.push(perf::probe());
+    v
 }

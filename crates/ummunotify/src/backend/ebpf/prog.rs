@@ -243,7 +243,10 @@ impl Gen {
     fn finish(mut self) -> Vec<Insn> {
         let out = self.out;
         self.a.bind(out);
-        self.a.mov_imm(R0, 0).exit();
+        // 1, not 0: a tracepoint program's 0 tells the kernel to drop the event for every other
+        // perf event on that tracepoint, system-wide; 0 silenced the perf backend (and any
+        // `perf record` on the node) for every syscall these programs watch.
+        self.a.mov_imm(R0, 1).exit();
         self.a.finish()
     }
 }

@@ -46,14 +46,14 @@ pub(super) unsafe fn syscall6(nr: u64, a: [u64; 6]) -> i64 {
 }
 
 /// `[addr, addr + len)` rounded out to pages; `None` when empty or wrapping.
-fn pages(addr: u64, len: u64) -> Option<(u64, u64)> {
+pub(in crate::backend) fn pages(addr: u64, len: u64) -> Option<(u64, u64)> {
     let end = addr.checked_add(len)?.checked_add(PAGE - 1)? & !(PAGE - 1);
     let start = addr & !(PAGE - 1);
     (end > start).then_some((start, end))
 }
 
 /// Up to two ranges a call may change (mremap: the old range and the destination).
-type Ranges = [Option<(u64, u64)>; 2];
+pub(in crate::backend) type Ranges = [Option<(u64, u64)>; 2];
 
 /// Steps 2–4 around the raw syscall. When the filter says a range may be watched, every signal
 /// stays blocked from before the first pass to after the second (two `rt_sigprocmask` calls for
@@ -93,7 +93,7 @@ extern "C" fn munmap(a0: u64, a1: u64, a2: u64, a3: u64, a4: u64, a5: u64) -> i6
 }
 
 /// Advice that drops, replaces or poisons pages (the old frames are gone afterwards).
-fn drops_pages(advice: u64) -> bool {
+pub(in crate::backend) fn drops_pages(advice: u64) -> bool {
     const MADV_DONTNEED_LOCKED: u64 = 24;
     const MADV_COLLAPSE: u64 = 25;
     const MADV_GUARD_INSTALL: u64 = 102;
@@ -118,22 +118,32 @@ extern "C" fn madvise(a0: u64, a1: u64, a2: u64, a3: u64, a4: u64, a5: u64) -> i
     around([r, None], false, libc::SYS_madvise as u64, a)
 }
 
+/// What `mmap` with these arguments replaces: MAP_FIXED replaces whatever is there;
+/// MAP_FIXED_NOREPLACE (without MAP_FIXED) never does.
+pub(in crate::backend) fn mmap_range(a: [u64; 6]) -> Option<(u64, u64)> {
+    if a[3] & libc::MAP_FIXED as u64 != 0 {
+        pages(a[0], a[1])
+    } else {
+        None
+    }
+}
+
 extern "C" fn mmap(a0: u64, a1: u64, a2: u64, a3: u64, a4: u64, a5: u64) -> i64 {
     count();
     let a = [a0, a1, a2, a3, a4, a5];
-    // MAP_FIXED replaces whatever is there; MAP_FIXED_NOREPLACE (without MAP_FIXED) never does.
-    let r = if a3 & libc::MAP_FIXED as u64 != 0 {
-        pages(a0, a1)
-    } else {
-        None
-    };
-    around([r, None], true, libc::SYS_mmap as u64, a)
+    around([mmap_range(a), None], true, libc::SYS_mmap as u64, a)
 }
 
 extern "C" fn mremap(a0: u64, a1: u64, a2: u64, a3: u64, a4: u64, a5: u64) -> i64 {
     count();
     let a = [a0, a1, a2, a3, a4, a5];
-    let (old, old_len, new_len, flags, new_addr) = (a0, a1, a2, a3, a4);
+    around(mremap_ranges(a), true, libc::SYS_mremap as u64, a)
+}
+
+/// What `mremap` with these arguments may unmap or replace: the old range when it may move
+/// (else its lost tail) and the `MREMAP_FIXED` destination.
+pub(in crate::backend) fn mremap_ranges(a: [u64; 6]) -> Ranges {
+    let (old, old_len, new_len, flags, new_addr) = (a[0], a[1], a[2], a[3], a[4]);
     let moves = libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED | libc::MREMAP_DONTUNMAP;
     // A call that may move takes the whole old range (conservative: a growth that turns out to
     // happen in place invalidates it too); one that may not only loses its tail.
@@ -149,7 +159,7 @@ extern "C" fn mremap(a0: u64, a1: u64, a2: u64, a3: u64, a4: u64, a5: u64) -> i6
     } else {
         None
     };
-    around([old_part, dest], true, libc::SYS_mremap as u64, a)
+    [old_part, dest]
 }
 
 /// glibc's `__curbrk` (the break as glibc last set it), found at install.

@@ -61,7 +61,7 @@
 #![allow(unsafe_code)] // The sink table hands raw pointers to hooks.
 
 #[cfg(target_arch = "x86_64")]
-mod calls;
+pub(in crate::backend) mod calls;
 mod filter;
 #[cfg(target_arch = "x86_64")]
 mod maps;
