@@ -505,6 +505,8 @@ static void test_counter_exact(void) {
     CHECK_ERR(read(other, ev, sizeof ev), EAGAIN);
     CHECK(*other_counter == 0);
     CHECK(munmap(o, page) == 0);
+    /* fd's own read settles the provisional count the shared context's message gave it. */
+    CHECK_ERR(read(fd, ev, sizeof ev), EAGAIN);
     CHECK(*other_counter == 1 && *counter == 6);
     CHECK(drain(other, ev, MAX_EV, other_counter) == 1 && ev[0].user_cookie_counter == 2);
 
@@ -906,16 +908,16 @@ static void test_storm_two_descriptors(void) {
     struct ummunotify_event pending[MAX_EV];
     CHECK_ERR(read(storm_fd[0], pending, sizeof pending), EAGAIN);
     CHECK_ERR(read(storm_fd[1], pending, sizeof pending), EAGAIN);
-    const char *backend = getenv("UMN_BACKEND");
-    if (backend != NULL && (strcmp(backend, "hooks") == 0 || strcmp(backend, "hybrid") == 0)) {
-        /* Hooks invalidate again after the call: a region that another thread's read() re-armed
-           while the call ran is hit, and counted, a second time (never less). */
-        fprintf(stderr, "storm on hooks: %llu and %llu notifications, %llu calls each\n",
-                (unsigned long long)*c0, (unsigned long long)*c1, (unsigned long long)each);
-        CHECK(*c0 >= each && *c1 >= each);
-    } else {
-        CHECK(*c0 == each && *c1 == each);
-    }
+    /* Never fewer notifications than calls; more are conservative, never stale: hooks
+       invalidate again after the call (a region another thread's read() re-armed meanwhile is
+       hit a second time), and with the process's one userfaultfd context an UNMAP is read after
+       the pages are gone, so a range one thread freed and another thread mapped and registered
+       before the monitor read the first thread's UNMAP is hit too (seen: 801 for 800). Exact
+       counts are checked single-threaded above (test_counter_exact). */
+    fprintf(stderr, "storm: %llu and %llu notifications, %llu calls each\n",
+            (unsigned long long)*c0, (unsigned long long)*c1, (unsigned long long)each);
+    CHECK(*c0 >= each && *c1 >= each);
+    CHECK(*c0 <= each + each / 10 && *c1 <= each + each / 10);
     struct ummunotify_event ev[MAX_EV];
     CHECK_ERR(read(storm_fd[0], ev, sizeof ev), EAGAIN); /* unregistering dropped the rest */
     munmap((void *)c0, sizeof(__u64));
