@@ -22,9 +22,10 @@ use ummunotify::{Backend, Cookie, Notifier};
 pub struct Row {
     /// Stable name (see the module doc of the command).
     pub name: &'static str,
-    /// Cost of one operation, ns (for `cache_hit_2threads_speedup`: ns per op with 2 threads).
+    /// Cost of one operation, ns (for `cache_hit_2threads_speedup`: ns per op with 2 threads;
+    /// for `region_bytes`: bytes of RSS per registered region).
     pub ns_per_op: f64,
-    /// The baseline's cost, ns.
+    /// The baseline's cost, ns (for `region_bytes`: bytes per entry).
     pub baseline: f64,
     /// What the baseline is.
     pub baseline_name: &'static str,
@@ -378,6 +379,7 @@ pub fn run(quick: bool) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
         "cache_hit_index_1k_regions",
         r1k,
     ));
+    rows.push(region_bytes(if quick { 100_000 } else { 1_000_000 })?);
     // Last: installing the hooks patches libc for the rest of this process.
     match Notifier::with_backend(Backend::Hooks) {
         Ok(n) => rows.extend(hooks_rows(&n, 5_000 / scale)?),
@@ -550,6 +552,44 @@ fn hit_with_regions(
     drop(cache);
     unmap(arena, n * pg);
     Ok((hit, rot))
+}
+
+/// `VmRSS` of this process, bytes.
+fn rss() -> u64 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .unwrap_or(0)
+        * 1024
+}
+
+/// RSS per registered one-page region with `n` regions on adjacent untouched pages, against a
+/// `HashMap<u64, (u64, u64)>` of the same cookies and ranges (what a plain map of the bare
+/// facts costs), measured one after the other.
+fn region_bytes(n: usize) -> Result<Row, Box<dyn std::error::Error>> {
+    let pg = page();
+    let notifier = Notifier::new()?;
+    let arena = map(n * pg, 0);
+    notifier.register(arena..arena + pg, Cookie(u64::MAX))?;
+    notifier.unregister(Cookie(u64::MAX))?;
+    let before = rss();
+    for i in 0..n {
+        let a = arena + i * pg;
+        notifier.register(a..a + pg, Cookie(i as u64))?;
+    }
+    let ours = rss().saturating_sub(before) as f64 / n as f64;
+    drop(notifier);
+    unmap(arena, n * pg);
+    let before = rss();
+    let mut m: HashMap<u64, (u64, u64)> = HashMap::new();
+    for i in 0..n as u64 {
+        let a = arena as u64 + i * pg as u64;
+        m.insert(i, (a, a + pg as u64));
+    }
+    let theirs = rss().saturating_sub(before) as f64 / n as f64;
+    black_box(&m);
+    Ok(row("region_bytes", ours, "hashmap_cookie_to_range", theirs))
 }
 
 /// The rows as a table.
