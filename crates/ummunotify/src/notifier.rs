@@ -166,6 +166,12 @@ struct IndexState {
     strays: [(u64, u64); STRAYS],
     stray_len: usize,
     stray_overflow: u64,
+    /// Ranges unmapped (or moved away) since the last registration looked: the kernel's watch
+    /// over them is gone. Taken by `register` into `Registry::lost`.
+    unmapped: [(u64, u64); UNMAPPED],
+    unmapped_len: usize,
+    /// More were unmapped than `unmapped` holds: any watch may be gone.
+    unmapped_overflow: bool,
     /// Whether the readiness eventfd has been signalled and not drained.
     ready: bool,
     /// `REMOVE`s dequeued whose zap is not known to have happened (issue 9, `crate::inflight`).
@@ -173,6 +179,7 @@ struct IndexState {
 }
 
 const STRAYS: usize = 32;
+const UNMAPPED: usize = 64;
 
 /// State only user threads touch (the event path never takes this lock).
 struct Registry {
@@ -185,6 +192,71 @@ struct Registry {
     budget: WatchBudget,
     /// Names the senders of in-flight `REMOVE`s (`crate::inflight`).
     scanner: Scanner,
+    /// Page ranges counted in `coverage` whose kernel watch an unmap may have taken since it was
+    /// established: a registration over them watches again (see `register`).
+    lost: LostRanges,
+    /// `UFFDIO_REGISTER`s (or filter insertions) made by registrations and re-arms.
+    watch_calls: u64,
+}
+
+/// Disjoint ranges, merged (the registry's `lost`).
+#[derive(Default)]
+struct LostRanges {
+    /// start -> end.
+    runs: std::collections::BTreeMap<u64, u64>,
+}
+
+impl LostRanges {
+    /// Adds `[start, end)`.
+    fn insert(&mut self, mut start: u64, mut end: u64) {
+        if start >= end {
+            return;
+        }
+        if let Some((&s, &e)) = self.runs.range(..=start).next_back() {
+            if e >= start {
+                start = s;
+                end = end.max(e);
+                self.runs.remove(&s);
+            }
+        }
+        while let Some((&s, &e)) = self.runs.range(start..=end).next() {
+            end = end.max(e);
+            self.runs.remove(&s);
+        }
+        self.runs.insert(start, end);
+    }
+
+    /// Removes `[start, end)` (watched again).
+    fn remove(&mut self, start: u64, end: u64) {
+        let first = self
+            .runs
+            .range(..start)
+            .next_back()
+            .map_or(start, |(&s, _)| s);
+        let hit: Vec<(u64, u64)> = self
+            .runs
+            .range(first..end)
+            .map(|(&s, &e)| (s, e))
+            .filter(|&(_, e)| e > start)
+            .collect();
+        for (s, e) in hit {
+            self.runs.remove(&s);
+            if s < start {
+                self.runs.insert(s, start);
+            }
+            if e > end {
+                self.runs.insert(end, e);
+            }
+        }
+    }
+
+    /// Whether any of `[start, end)` is in the set.
+    fn overlaps(&self, start: u64, end: u64) -> bool {
+        self.runs
+            .range(..end)
+            .next_back()
+            .is_some_and(|(_, &e)| e > start)
+    }
 }
 
 /// The watch policy's VMA budget (docs/ARCHITECTURE.md, "Watch policy").
@@ -302,6 +374,10 @@ pub struct Stats {
     pub removes_by_grace: u64,
     /// `REMOVE`s in flight now.
     pub removes_in_flight: usize,
+    /// Successful watch calls (`UFFDIO_REGISTER`, or the hooks' filter insertions) made by
+    /// registrations and re-arms. A registration over pages already watched, with no unmap over them since,
+    /// makes none.
+    pub watch_calls: u64,
 }
 
 pub(crate) struct Shared {
@@ -449,6 +525,15 @@ impl Locked<'_> {
         let st = &mut *self.st;
         let mut queued = st.queued;
         let lost = if unmap { LOST } else { 0 };
+        if unmap {
+            // The kernel's watch over the range is gone (registry's `lost`, see `register`).
+            if st.unmapped_len < UNMAPPED {
+                st.unmapped[st.unmapped_len] = (start, end);
+                st.unmapped_len += 1;
+            } else {
+                st.unmapped_overflow = true;
+            }
+        }
         st.tree
             .for_each_overlap(&SlotNodes(slots), start, end, |id| {
                 let slot = slots.get(id).expect("tree node id without a slot");
@@ -851,6 +936,9 @@ impl Notifier {
                 strays: [(0, 0); STRAYS],
                 stray_len: 0,
                 stray_overflow: 0,
+                unmapped: [(0, 0); UNMAPPED],
+                unmapped_len: 0,
+                unmapped_overflow: false,
                 ready: false,
                 inflight: InFlight::default(),
             }),
@@ -869,6 +957,8 @@ impl Notifier {
                     Watcher::Uffd(_) => WatchBudget::new(),
                 },
                 scanner: Scanner::new(),
+                lost: LostRanges::default(),
+                watch_calls: 0,
             }),
             uffd,
             strays_pending: AtomicBool::new(false),
@@ -941,7 +1031,10 @@ impl Notifier {
         if reg.cookies.get(cookie.0, |id| sh.cookie_of(id)).is_some() {
             return Err(Error::DuplicateCookie(cookie));
         }
-        // The watch policy: exact pages while the VMA budget allows, else the whole VMAs.
+        // The watch policy: exact pages while the VMA budget allows, else the whole VMAs. (Over
+        // the budget, pages already watched are widened too: watched exactly inside a widened
+        // range, they would split the coverage into a run per region, and unwatching the widened
+        // range around them at the end would split its VMA as many times.)
         let segments = reg.coverage.segments();
         if !reg.budget.allows_exact(segments) {
             match reg.budget.widen(span.watch_start, span.watch_end)? {
@@ -949,6 +1042,15 @@ impl Notifier {
                 None => return Err(Error::Unmapped),
             }
         }
+        // Already watched: every page is counted in the coverage (so watched by a registration
+        // that succeeded) and no unmap took a watch over them since. Such a registration makes no
+        // watch call (issue 12: a cache miss over watched pages makes no syscall for the watch).
+        let watched = matches!(sh.uffd, Watcher::Uffd(_))
+            && reg
+                .coverage
+                .uncovered(span.watch_start, span.watch_end)
+                .is_empty()
+            && !reg.lost.overlaps(span.watch_start, span.watch_end);
         let tag = if widened(&span) {
             reg.wide.intern(span.watch_start, span.watch_end)?
         } else {
@@ -969,8 +1071,14 @@ impl Notifier {
         // The pages that went from 0 to 1 are not needed: the whole range is watched below (see
         // there why), and a rollback's `remove` returns exactly what this added.
         reg.coverage.add(span.watch_start, span.watch_end);
-        let token = {
+        let mut unmapped = [(0u64, 0u64); UNMAPPED];
+        let (token, n_unmapped, overflow) = {
             let mut l = sh.lock_index_blocked();
+            // What was unmapped up to now: from here on an unmap of these pages hits the region.
+            let n = l.st.unmapped_len;
+            unmapped[..n].copy_from_slice(&l.st.unmapped[..n]);
+            l.st.unmapped_len = 0;
+            let overflow = std::mem::take(&mut l.st.unmapped_overflow);
             let slot = l.slot(id);
             slot.cookie.store(cookie.0, Relaxed);
             let expected = valid_word(serial_of(slot.word.load(Relaxed)) + 1);
@@ -986,21 +1094,33 @@ impl Notifier {
                 l.hold_invalid(id);
                 sh.signal_ready(&mut l);
             }
-            Region { slot: id, expected }
+            (Region { slot: id, expected }, n, overflow)
         };
-        // Watch the whole page range, even parts already covered: a watch lost with an unmap may
-        // have been replaced by a new mapping since (watching is idempotent).
-        if let Err(e) = sh.watch(&span) {
-            self.remove_slot(&mut reg, id, &span);
-            return Err(e);
+        if overflow {
+            reg.lost.insert(0, u64::MAX);
         }
-        // A racing unmap between the check in `watch` and the registration would have gone unseen.
-        if !matches!(
-            sys::is_mapped(span.watch_start as usize, span.watch_end as usize),
-            Ok(true)
-        ) {
-            self.remove_slot(&mut reg, id, &span);
-            return Err(Error::Unmapped);
+        for &(s, e) in &unmapped[..n_unmapped] {
+            reg.lost.insert(s & !(sys::page_size() as u64 - 1), e);
+        }
+        // Unless already watched, watch the whole page range, even parts already covered: a watch
+        // lost with an unmap may have been replaced by a new mapping since (watching is idempotent).
+        if !watched || reg.lost.overlaps(span.watch_start, span.watch_end) {
+            if let Err(e) = sh.watch(&span) {
+                self.remove_slot(&mut reg, id, &span);
+                return Err(e);
+            }
+            // A racing unmap between the check in `watch` and the registration would have gone
+            // unseen.
+            if !matches!(
+                sys::is_mapped(span.watch_start as usize, span.watch_end as usize),
+                Ok(true)
+            ) {
+                self.remove_slot(&mut reg, id, &span);
+                return Err(Error::Unmapped);
+            }
+            // Watched now; an unmap since the copy above is in `unmapped` for the next one.
+            reg.lost.remove(span.watch_start, span.watch_end);
+            reg.watch_calls += 1;
         }
         if reg.free.last() == Some(&id) {
             reg.free.pop();
@@ -1036,6 +1156,7 @@ impl Notifier {
         for (s, e) in reg.coverage.remove(span.watch_start, span.watch_end) {
             // Parts may be unmapped already; the kernel dropped those watches itself.
             let _ = sh.uffd.unwatch(s, e);
+            reg.lost.remove(s, e);
         }
     }
 
@@ -1269,6 +1390,7 @@ impl Notifier {
         if sh.watch(&rewatch).is_err() {
             return;
         }
+        reg.watch_calls += 1;
         let mut l = sh.lock_index_blocked();
         l.st.inflight.sweep();
         let w = l.slot(id).word.load(Relaxed);
@@ -1310,6 +1432,7 @@ impl Notifier {
                 reg.budget.estimate(segments),
             )
         };
+        let watch_calls = sh.lock_registry().watch_calls;
         let (pending, stray_overflows, inflight) = {
             let mut l = sh.lock_index_blocked();
             l.st.inflight.sweep();
@@ -1332,6 +1455,7 @@ impl Notifier {
             removes_confirmed: inflight.0,
             removes_by_grace: inflight.1,
             removes_in_flight: inflight.2,
+            watch_calls,
         }
     }
 

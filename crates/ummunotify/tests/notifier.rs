@@ -426,3 +426,48 @@ fn notification_count_is_the_2010_counter_exactly() {
     let r = n.read_events(&mut buf).unwrap();
     assert_eq!(r.drained_notifications, Some(4));
 }
+
+/// A registration over pages already watched, with no unmap over them since, makes no watch
+/// call (issue 12: no `UFFDIO_REGISTER`, no `msync` check); after an unmap of those pages, the
+/// next registration over them watches again, and the new mapping there is really watched.
+#[test]
+fn registration_over_watched_pages_makes_no_watch_call() {
+    let n = Notifier::with_backend(ummunotify::Backend::Userfaultfd).unwrap();
+    let p = map(4 * PAGE);
+    n.register(p..p + 4 * PAGE, Cookie(1)).unwrap();
+    let calls = n.stats().watch_calls;
+    assert_eq!(calls, 1);
+    // Inside the first region: no watch call, and the region is watched all the same.
+    let inner = n.register(p + PAGE..p + 2 * PAGE, Cookie(2)).unwrap();
+    let sub = n
+        .register(p + 2 * PAGE + 8..p + 2 * PAGE + 72, Cookie(3))
+        .unwrap();
+    assert_eq!(n.stats().watch_calls, calls, "{:?}", n.stats());
+    assert!(n.is_valid(inner) && n.is_valid(sub));
+    madvise(p + 2 * PAGE, PAGE, libc::MADV_DONTNEED);
+    assert!(n.is_valid(inner) && !n.is_valid(sub));
+    // New memory at p + PAGE (the kernel unmaps the old page): the watch over it is gone.
+    replace(p + PAGE, PAGE);
+    assert!(!n.is_valid(inner));
+    n.events().unwrap();
+    n.unregister(Cookie(2)).unwrap();
+    let calls = n.stats().watch_calls; // reading the events re-armed cookie 1: a watch call
+    let again = n.register(p + PAGE..p + 2 * PAGE, Cookie(4)).unwrap();
+    assert_eq!(
+        n.stats().watch_calls,
+        calls + 1,
+        "an unmapped range is watched again"
+    );
+    // The new page is watched: an unmap of it invalidates the region before it returns.
+    assert!(n.is_valid(again));
+    replace(p + PAGE, PAGE);
+    assert!(
+        !n.is_valid(again),
+        "the re-registered region missed an unmap of its page"
+    );
+    // Pages elsewhere in the first region were not unmapped: still no call for them.
+    let calls = n.stats().watch_calls;
+    n.register(p + 3 * PAGE..p + 4 * PAGE, Cookie(5)).unwrap();
+    assert_eq!(n.stats().watch_calls, calls);
+    unmap(p, 4 * PAGE);
+}
