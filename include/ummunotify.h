@@ -617,6 +617,41 @@ ummunotify_result ummunotify_notifier_register(const struct ummunotify_notifier 
                                                struct ummunotify_region *region_out);
 
 /*
+ Registers `[start, end)` under `cookie` whether or not it is mapped (the 2010 device's rule),
+ as [`ummunotify_notifier_register`] does otherwise. Mapped parts are watched at once; memory
+ mapped into the range later is watched once [`ummunotify_notifier_mapped`] is told of it
+ (the kernel reports no new mappings: memory mapped there and not announced is not watched).
+ The token is valid from now on, and stays valid when a hole is filled (nothing was there to
+ invalidate); re-arming the region over a hole makes it valid again too.
+
+ Errors: as `ummunotify_notifier_register`, without `_UNMAPPED`.
+
+ # Safety
+ `n` must be NULL or a live handle; `region_out` NULL or writable.
+ */
+ummunotify_result ummunotify_notifier_register_any(const struct ummunotify_notifier *n,
+                                                   size_t start,
+                                                   size_t end,
+                                                   uint64_t cookie,
+                                                   struct ummunotify_region *region_out);
+
+/*
+ Tells the notifier that `[start, end)` was just mapped (`mmap`, the target of `mremap`,
+ `shmat`, `brk` growth): the parts of it inside registered regions' holes are watched from
+ now on. Call it after the mapping call returned, before using the memory. One atomic load
+ while no region has holes (holes come from `ummunotify_notifier_register_any`, and from
+ re-arming a region while some of its pages are unmapped).
+
+ Errors: `UMMUNOTIFY_ERR_FORKED`, `_MONITOR_DEAD`.
+
+ # Safety
+ `n` must be NULL or a live handle.
+ */
+ummunotify_result ummunotify_notifier_mapped(const struct ummunotify_notifier *n,
+                                             size_t start,
+                                             size_t end);
+
+/*
  Unregisters the region named `cookie`; a pending event for it is discarded.
  `UMMUNOTIFY_ERR_UNKNOWN_COOKIE` if there is none.
 
@@ -680,6 +715,16 @@ bool ummunotify_notifier_unchanged_since(const struct ummunotify_notifier *n, ui
  `n` must be NULL or a live handle.
  */
 const ummunotify_counter_word *ummunotify_notifier_counter(const struct ummunotify_notifier *n);
+
+/*
+ The backend this notifier runs on, as a static NUL-terminated name: `"uffd"`, `"hooks"` or
+ `"hybrid"` (what `UMN_BACKEND` chose; `auto` resolves to one of them). NULL for a NULL
+ notifier. The string lives as long as the process.
+
+ # Safety
+ `n` must be NULL or a live handle.
+ */
+const char *ummunotify_notifier_backend(const struct ummunotify_notifier *n);
 
 /*
  A file descriptor readable while events are pending (and already while the monitor is taking

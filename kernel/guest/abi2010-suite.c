@@ -28,6 +28,10 @@ int main(void)
 	T(test_blocking_and_flags);
 	T(test_fork);
 	T(test_threads);
+	T(test_unmapped_ranges);
+	T(test_raw_mmap_into_a_hole_is_unseen);
+	T(test_rearm_while_unmapped);
+	T(test_remap_and_unmap_again);
 	T(whole_program);
 	return 0;
 }

@@ -2,7 +2,7 @@
 use std::ffi::c_int;
 use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::AtomicU32;
-use std::sync::atomic::Ordering::{Acquire, Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 
 use core_api::{Cookie, Event, Notifier, Region};
 
@@ -238,17 +238,80 @@ pub unsafe extern "C" fn ummunotify_notifier_register(
     cookie: u64,
     region_out: *mut ummunotify_region,
 ) -> ummunotify_result {
+    // SAFETY: (caller) as `register_with` requires.
+    unsafe { register_with(n, start..end, cookie, region_out, Notifier::register) }
+}
+
+/// Registers `[start, end)` under `cookie` whether or not it is mapped (the 2010 device's rule),
+/// as [`ummunotify_notifier_register`] does otherwise. Mapped parts are watched at once; memory
+/// mapped into the range later is watched once [`ummunotify_notifier_mapped`] is told of it
+/// (the kernel reports no new mappings: memory mapped there and not announced is not watched).
+/// The token is valid from now on, and stays valid when a hole is filled (nothing was there to
+/// invalidate); re-arming the region over a hole makes it valid again too.
+///
+/// Errors: as `ummunotify_notifier_register`, without `_UNMAPPED`.
+///
+/// # Safety
+/// `n` must be NULL or a live handle; `region_out` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn ummunotify_notifier_register_any(
+    n: *const ummunotify_notifier,
+    start: usize,
+    end: usize,
+    cookie: u64,
+    region_out: *mut ummunotify_region,
+) -> ummunotify_result {
+    // SAFETY: (caller) as `register_with` requires.
+    unsafe { register_with(n, start..end, cookie, region_out, Notifier::register_any) }
+}
+
+/// The body of both registration calls.
+///
+/// # Safety
+/// `n` must be NULL or a live handle; `region_out` NULL or writable.
+unsafe fn register_with(
+    n: *const ummunotify_notifier,
+    range: std::ops::Range<usize>,
+    cookie: u64,
+    region_out: *mut ummunotify_region,
+    register: fn(&Notifier, std::ops::Range<usize>, Cookie) -> core_api::Result<Region>,
+) -> ummunotify_result {
     guard(UMMUNOTIFY_ERR_PANIC, || {
         // SAFETY: (caller) NULL or a live handle.
         let Some(h) = (unsafe { handle(n) }) else {
             return fail_arg(UMMUNOTIFY_ERR_NULL_ARGUMENT, "notifier is NULL");
         };
-        match h.get().register(start..end, Cookie(cookie)) {
+        match register(h.get(), range, Cookie(cookie)) {
             Ok(r) => {
                 // SAFETY: (caller) `region_out` is NULL or writable.
                 unsafe { write_region(region_out, h.id, r) };
                 UMMUNOTIFY_OK
             }
+            Err(e) => fail(e),
+        }
+    })
+}
+
+/// Tells the notifier that `[start, end)` was just mapped (`mmap`, the target of `mremap`,
+/// `shmat`, `brk` growth): the parts of it inside registered regions' holes are watched from
+/// now on. Call it after the mapping call returned, before using the memory. One atomic load
+/// while no region has holes (holes come from `ummunotify_notifier_register_any`, and from
+/// re-arming a region while some of its pages are unmapped).
+///
+/// Errors: `UMMUNOTIFY_ERR_FORKED`, `_MONITOR_DEAD`.
+///
+/// # Safety
+/// `n` must be NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn ummunotify_notifier_mapped(
+    n: *const ummunotify_notifier,
+    start: usize,
+    end: usize,
+) -> ummunotify_result {
+    guard(UMMUNOTIFY_ERR_PANIC, || {
+        let n = notifier_or_null!(n);
+        match n.mapped(start..end) {
+            Ok(()) => UMMUNOTIFY_OK,
             Err(e) => fail(e),
         }
     })
@@ -382,7 +445,8 @@ pub unsafe extern "C" fn ummunotify_notifier_unchanged_since(
     guard(false, || {
         // SAFETY: (caller) `n` is NULL or a live handle.
         match unsafe { borrow(n) } {
-            Some(n) => n.counter().load(Acquire) == generation,
+            // One load on push backends; a pull backend's probe runs first (bit 61).
+            Some(n) => n.unchanged_since(core_api::Generation::from_value(generation)),
             None => false,
         }
     })
@@ -405,6 +469,29 @@ pub unsafe extern "C" fn ummunotify_notifier_counter(
         // SAFETY: (caller) `n` is NULL or a live handle.
         match unsafe { borrow(n) } {
             Some(n) => n.counter().as_ptr().cast_const(),
+            None => std::ptr::null(),
+        }
+    })
+}
+
+/// The backend this notifier runs on, as a static NUL-terminated name: `"uffd"`, `"hooks"` or
+/// `"hybrid"` (what `UMN_BACKEND` chose; `auto` resolves to one of them). NULL for a NULL
+/// notifier. The string lives as long as the process.
+///
+/// # Safety
+/// `n` must be NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn ummunotify_notifier_backend(
+    n: *const ummunotify_notifier,
+) -> *const std::ffi::c_char {
+    guard(std::ptr::null(), || {
+        // SAFETY: (caller) `n` is NULL or a live handle.
+        match unsafe { borrow(n) } {
+            Some(n) => match n.backend() {
+                core_api::Backend::Hooks => c"hooks".as_ptr(),
+                core_api::Backend::Hybrid => c"hybrid".as_ptr(),
+                _ => c"uffd".as_ptr(),
+            },
             None => std::ptr::null(),
         }
     })

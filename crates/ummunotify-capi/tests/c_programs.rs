@@ -155,6 +155,17 @@ fn c_hooks() {
     }
 }
 
+/// The same program on the hybrid backend (`UMN_BACKEND=hybrid`): libc calls seen in the
+/// thread, the raw syscall seen by userfaultfd, `ummunotify_notifier_backend` says "hybrid".
+#[test]
+fn c_hybrid() {
+    let exe = compile("hooks", Link::Shared);
+    assert!(
+        run(&exe, &[("UMN_BACKEND", "hybrid")]),
+        "the hybrid backend must start here (userfaultfd and x86-64 glibc)"
+    );
+}
+
 /// The documented install step and `pkg-config --cflags --libs ummunotify` work end to end.
 #[test]
 fn pkg_config_after_install() {

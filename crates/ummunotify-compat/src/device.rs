@@ -13,6 +13,10 @@ use crate::{real, views};
 /// the 2010 ABI promises "at most one page").
 const MAX_EVENTS: usize = 4096 / 32;
 
+/// Regions a device has room for from its open on: registering up to this many maps nothing
+/// (see `Notifier::reserve`); the slot table's first segment holds 1023.
+const RESERVED_REGIONS: usize = 1023;
+
 /// The state of one open file description (shared by its `dup`s, as in the kernel).
 pub(crate) struct Device {
     notifier: Notifier,
@@ -62,6 +66,10 @@ impl Device {
             Error::Unsupported(_) => libc::ENODEV,
             e => errno_of(&e),
         })?;
+        // The first registrations must map nothing: a program registers holes it just made.
+        notifier
+            .reserve(RESERVED_REGIONS)
+            .map_err(|e| errno_of(&e))?;
         let counter_ro = reopen_read_only(notifier.counter_fd().as_raw_fd())?;
         let fcntl = real::get::FCNTL().ok_or(libc::ENOSYS)?;
         // SAFETY: F_DUPFD_CLOEXEC on a descriptor the notifier owns; returns a new fd or -1.
@@ -142,8 +150,10 @@ impl Device {
                 let r: RegisterIoctl = read_value(arg)?;
                 let range = usize::try_from(r.start).map_err(|_| libc::EINVAL)?
                     ..usize::try_from(r.end).map_err(|_| libc::EINVAL)?;
+                // Any range, as the device: holes are watched once a mapping call announces them
+                // (`crate::mapping`).
                 self.notifier
-                    .register(range, Cookie(r.user_cookie))
+                    .register_any(range, Cookie(r.user_cookie))
                     .map_err(|e| errno_of(&e))?;
                 Ok(0)
             }
@@ -233,6 +243,12 @@ impl Device {
             copy_to(buf, out.as_ptr().cast(), bytes)?;
             return Ok(bytes);
         }
+    }
+
+    /// Memory was just mapped at `range` (an interposed mapping call returned): watch the parts
+    /// of it that lie in this device's regions' holes.
+    pub(crate) fn mapped(&self, range: std::ops::Range<usize>) {
+        let _ = self.notifier.mapped(range);
     }
 
     /// `mmap(addr, len, prot, flags, fd, offset)`: a view of the live counter page.

@@ -10,7 +10,7 @@
 //! |---|---|
 //! | `open`, `open64`, `openat`, `openat64`, `__open*_2` of `"/dev/ummunotify"` | a new notifier; `O_WRONLY`/`O_RDWR` → `EINVAL`; no userfaultfd → `ENODEV`, refused → `EACCES` |
 //! | `ioctl(UMMUNOTIFY_EXCHANGE_FEATURES)` | answers mask 0; `EINVAL` once the fd was used (any ioctl, read, mmap, or an earlier exchange) |
-//! | `ioctl(UMMUNOTIFY_REGISTER_REGION)` | duplicate cookie, empty/wrapping/unmapped range → `EINVAL`; overlap with *another* descriptor's range → `EBUSY` |
+//! | `ioctl(UMMUNOTIFY_REGISTER_REGION)` | any range, mapped or not, as the device ([`Notifier::register_any`](ummunotify::Notifier::register_any)): mapped parts are watched at once, memory mapped into it later by a call seen here (below) from that call's return; duplicate cookie, empty/wrapping range → `EINVAL`; ranges may overlap anything, other descriptors' included; a range another library's userfaultfd owns → `EBUSY` |
 //! | `ioctl(UMMUNOTIFY_UNREGISTER_REGION)` | unknown cookie → `EINVAL` |
 //! | other ioctls | `FIONBIO` sets non-blocking; anything else `ENOTTY` |
 //! | `read` | 32-byte INVAL records (HINT rules of 2010), then LAST carrying the counter when the queue drained; at most one page; `EAGAIN` with `O_NONBLOCK`, blocks otherwise (`EINTR` on a signal); a buffer smaller than one record → `EINVAL` |
@@ -19,6 +19,7 @@
 //! | `fcntl(F_GETFL/F_SETFL)` | `O_RDONLY` plus the file's own `O_NONBLOCK` |
 //! | `dup`, `dup2`, `dup3`, `fcntl(F_DUPFD*)` | the new descriptor shares the file (state, queue, flags), as in the kernel |
 //! | `close`, `close_range` | the last descriptor closed stops the notifier |
+//! | `mmap`, `mmap64`, `mremap`, `shmat`, `brk`, `sbrk` (any memory) | after the call returned, every device is told of the new range ([`Notifier::mapped`](ummunotify::Notifier::mapped)): the parts inside registered holes are watched from then on (one load per device while no region has holes) |
 //!
 //! Fork: in the child every read/ioctl returns `EIO` (as kdreg2 does: reopen in the child);
 //! counter views the program mapped read `0xC000000000000000`, which never equals a LAST value,
@@ -27,10 +28,16 @@
 //! tied to the old address space, so it was inert). Threads: the interposed paths take no lock of
 //! their own; descriptor lookups are lock-free (see `src/table.rs`).
 //!
-//! Limits: two descriptors each have their own userfaultfd context, and the kernel refuses to
-//! watch one page from two contexts: overlapping ranges across descriptors fail with `EBUSY`
-//! (regions of one descriptor may overlap freely). A registered range must be mapped (the 2010
-//! device accepted unmapped ranges). SIGIO (`O_ASYNC`) is not supported. `readv`, `pread` and
+//! Limits: every descriptor's notifier shares the process's one userfaultfd context, so ranges of
+//! different descriptors may overlap as on the device; pages another library's userfaultfd
+//! context owns can not be watched (`EBUSY`). Memory mapped into a registered hole by a call
+//! that does not go through these symbols is not watched, and its later unmap is not reported
+//! (the device saw it): a raw `mmap` syscall, glibc's internal `mmap`/`brk` inside `malloc`, and
+//! mappings this library makes itself (`src/mapping.rs`; the guest suite's
+//! `test_raw_mmap_into_a_hole_is_unseen` shows it). A device maps its slot table for 1023
+//! regions when it is opened, so registering maps nothing up to that many; past them the table
+//! grows, and the kernel may place the new segment in a registered hole, where it is then
+//! watched (the device mapped nothing in the program's address space). SIGIO (`O_ASYNC`) is not supported. `readv`, `pread` and
 //! `fopen` of the device are not interposed. Descriptors at or above 65536 can not be devices
 //! (`EMFILE`). A raw `close`, `close_range`, `dup2` or `dup3` syscall around this library leaves
 //! a stale table entry, which is never trusted: every lookup checks that the number still names
@@ -47,6 +54,7 @@
 
 mod abi;
 mod device;
+mod mapping;
 mod real;
 mod table;
 mod user;
@@ -60,7 +68,14 @@ use device::Device;
 use user::set_errno;
 
 /// Runs `f`, turning an `Err(errno)` into `-1`/errno and a panic into `-1`/`EIO`.
+/// The calling thread is marked inside this library meanwhile (`mapping::Inside`).
 fn boundary<T: From<i8>>(f: impl FnOnce() -> Result<T, i32>) -> T {
+    let _inside = mapping::Inside::enter();
+    bare_boundary(f)
+}
+
+/// [`boundary`] for a caller that marked the thread itself.
+fn bare_boundary<T: From<i8>>(f: impl FnOnce() -> Result<T, i32>) -> T {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(v)) => v,
         Ok(Err(e)) => {
@@ -287,10 +302,20 @@ fn mmap_impl(
     off: i64,
     wide: bool,
 ) -> *mut c_void {
-    let r = catch_unwind(AssertUnwindSafe(|| match table::get(fd) {
-        Some(dev) => dev.mmap(addr, len, prot, flags, off),
-        None if wide => pass!(MMAP64(addr, len, prot, flags, fd, off)),
-        None => pass!(MMAP(addr, len, prot, flags, fd, off)),
+    let inside = mapping::Inside::enter();
+    let r = catch_unwind(AssertUnwindSafe(|| {
+        if table::any() {
+            if let Some(dev) = table::get(fd) {
+                return dev.mmap(addr, len, prot, flags, off);
+            }
+        }
+        let p = if wide {
+            pass!(MMAP64(addr, len, prot, flags, fd, off))
+        } else {
+            pass!(MMAP(addr, len, prot, flags, fd, off))
+        }?;
+        mapping::after_mmap(&inside, p, len);
+        Ok(p)
     }));
     match r {
         Ok(Ok(p)) => p,
@@ -346,6 +371,110 @@ pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
     boundary(|| {
         views::forget(addr as usize, len);
         pass!(MUNMAP(addr, len))
+    })
+}
+
+/// A pointer result: `Err(errno)` becomes `MAP_FAILED`-style `fail` with errno, a panic `EIO`.
+/// The caller has marked the thread (`mapping::Inside`).
+fn pointer_boundary(
+    fail: *mut c_void,
+    f: impl FnOnce() -> Result<*mut c_void, i32>,
+) -> *mut c_void {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(p)) => p,
+        Ok(Err(e)) => {
+            set_errno(e);
+            fail
+        }
+        Err(_) => {
+            set_errno(libc::EIO);
+            fail
+        }
+    }
+}
+
+/// Interposed `mremap(2)`: the new range is announced to every device (memory that lands in a
+/// registered hole is watched from the return on). `new_address` is read only with
+/// `MREMAP_FIXED` or `MREMAP_DONTUNMAP` (as glibc does; on x86-64 a variadic argument arrives in
+/// the same register).
+///
+/// # Safety
+/// As `mremap(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn mremap(
+    old: *mut c_void,
+    old_len: usize,
+    new_len: usize,
+    flags: c_int,
+    new_address: *mut c_void,
+) -> *mut c_void {
+    let inside = mapping::Inside::enter();
+    pointer_boundary(libc::MAP_FAILED, || {
+        // As glibc 2.36: the variadic fifth argument is read only with MREMAP_FIXED or
+        // MREMAP_DONTUNMAP (otherwise the register holds garbage, which a kernel would check).
+        let new_address = if flags & (libc::MREMAP_FIXED | libc::MREMAP_DONTUNMAP) != 0 {
+            new_address
+        } else {
+            std::ptr::null_mut()
+        };
+        let p = pass!(MREMAP(old, old_len, new_len, flags, new_address))?;
+        mapping::after_mmap(&inside, p, new_len);
+        Ok(p)
+    })
+}
+
+/// Interposed `shmat(2)`: the attachment is announced to every device.
+///
+/// # Safety
+/// As `shmat(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn shmat(shmid: c_int, addr: *const c_void, flags: c_int) -> *mut c_void {
+    let inside = mapping::Inside::enter();
+    pointer_boundary(usize::MAX as *mut c_void, || {
+        let p = pass!(SHMAT(shmid, addr, flags))?;
+        if p as usize != usize::MAX {
+            mapping::announce(
+                &inside,
+                p as usize..(p as usize).saturating_add(mapping::shm_size(shmid)),
+            );
+        }
+        Ok(p)
+    })
+}
+
+/// Interposed `brk(2)`: growth of the break is announced to every device.
+///
+/// # Safety
+/// As `brk(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn brk(addr: *mut c_void) -> c_int {
+    let inside = mapping::Inside::enter();
+    bare_boundary(|| {
+        let old = pass!(SBRK(0))? as usize;
+        let r = pass!(BRK(addr))?;
+        if r == 0 {
+            mapping::announce(&inside, old..addr as usize);
+        }
+        Ok(r)
+    })
+}
+
+/// Interposed `sbrk(2)`: growth of the break is announced to every device.
+///
+/// # Safety
+/// As `sbrk(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn sbrk(increment: isize) -> *mut c_void {
+    let inside = mapping::Inside::enter();
+    pointer_boundary(usize::MAX as *mut c_void, || {
+        let old = pass!(SBRK(increment))?;
+        if old as usize != usize::MAX && increment > 0 {
+            mapping::announce(
+                &inside,
+                old as usize..(old as usize).saturating_add(increment as usize),
+            );
+        }
+        Ok(old)
     })
 }
 

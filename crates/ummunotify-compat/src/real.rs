@@ -59,6 +59,10 @@ reals! {
     MMAP: "mmap" => fn(*mut c_void, usize, c_int, c_int, c_int, i64) -> *mut c_void;
     MMAP64: "mmap64" => fn(*mut c_void, usize, c_int, c_int, c_int, i64) -> *mut c_void;
     MUNMAP: "munmap" => fn(*mut c_void, usize) -> c_int;
+    MREMAP: "mremap" => fn(*mut c_void, usize, usize, c_int, *mut c_void) -> *mut c_void;
+    SHMAT: "shmat" => fn(c_int, *const c_void, c_int) -> *mut c_void;
+    BRK: "brk" => fn(*mut c_void) -> c_int;
+    SBRK: "sbrk" => fn(isize) -> *mut c_void;
     CLOSE: "close" => fn(c_int) -> c_int;
     CLOSE_RANGE: "close_range" => fn(c_uint, c_uint, c_int) -> c_int;
     DUP: "dup" => fn(c_int) -> c_int;

@@ -27,6 +27,9 @@ static TABLE: [Slot; MAX_FDS] = [const {
 /// How many fds are devices now (a fast "none" answer for whole-range operations).
 static LIVE: AtomicUsize = AtomicUsize::new(0);
 
+/// One more than the highest fd that was ever a device: [`for_each_entry`] looks no further.
+static HIGH: AtomicUsize = AtomicUsize::new(0);
+
 fn slot(fd: i32) -> Option<&'static Slot> {
     usize::try_from(fd).ok().and_then(|i| TABLE.get(i))
 }
@@ -71,10 +74,25 @@ pub(crate) fn any() -> bool {
     LIVE.load(SeqCst) != 0
 }
 
+/// Calls `f` with every device in the table, stale entries included (a device reached through
+/// two numbers is passed twice). Lock-free and allocation-free: one load per number up to the
+/// highest that was ever a device.
+pub(crate) fn for_each_entry(mut f: impl FnMut(&Device)) {
+    if !any() {
+        return;
+    }
+    for fd in 0..HIGH.load(SeqCst).min(MAX_FDS) {
+        if let Some(dev) = entry(fd as i32) {
+            f(&dev);
+        }
+    }
+}
+
 /// Makes `fd` refer to `dev`; returns what it referred to before (the caller drops it after the
 /// real call that replaced the fd).
 pub(crate) fn set(fd: i32, dev: Arc<Device>) -> Option<Arc<Device>> {
     let s = slot(fd)?;
+    HIGH.fetch_max(fd as usize + 1, SeqCst);
     let old = s.dev.swap(Arc::into_raw(dev).cast_mut(), SeqCst);
     if old.is_null() {
         LIVE.fetch_add(1, SeqCst);

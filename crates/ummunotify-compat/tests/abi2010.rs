@@ -58,6 +58,18 @@ fn run_on(exe: &Path, preload: &str, backend: &str) -> bool {
     )
 }
 
+/// The same program on the hybrid backend (`UMN_BACKEND=hybrid` for the preload): libc calls
+/// through the hooks, the raw munmap through userfaultfd; per-call counts as on hooks.
+#[test]
+fn abi2010_program_under_preload_on_hybrid() {
+    let lib = preload_lib();
+    let exe = compile("abi2010-hybrid", &["-O0"]);
+    assert!(
+        run_on(&exe, lib.to_str().unwrap(), "hybrid"),
+        "the hybrid backend must start here (userfaultfd and x86-64 glibc)"
+    );
+}
+
 /// The same unmodified 2010 program on the hooks backend (what a container without userfaultfd
 /// gets): everything but the raw-syscall check, which the program expects to be missed there.
 #[test]

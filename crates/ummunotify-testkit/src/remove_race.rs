@@ -126,6 +126,7 @@ pub struct Remover {
     pidfd: Option<OwnedFd>,
     uring: Option<UringMadvise>,
     calls: u64,
+    raw_only: bool,
 }
 
 impl Remover {
@@ -152,7 +153,15 @@ impl Remover {
             pidfd,
             uring,
             calls: 0,
+            raw_only: false,
         })
+    }
+
+    /// Every call the raw-syscall way from now on (no glibc call). For a backend whose libc
+    /// hooks bracket the glibc call (hybrid), where only a call no hook sees opens the window.
+    pub fn raw_only(mut self) -> Self {
+        self.raw_only = true;
+        self
     }
 
     /// The kind this remover applies.
@@ -161,7 +170,7 @@ impl Remover {
     }
 
     /// Drops the pages of `[addr, addr + len)` with this kind (glibc on even calls, the raw
-    /// syscall on odd ones).
+    /// syscall on odd ones; always raw after [`raw_only`](Remover::raw_only)).
     ///
     /// # Safety
     /// The range must be memory the caller owns and whose contents it is willing to lose; no Rust
@@ -170,7 +179,7 @@ impl Remover {
     /// # Errors
     /// The OS error of the call; [`MissingFeature`] for advice or calls this kernel refuses.
     pub unsafe fn remove(&mut self, addr: usize, len: usize) -> io::Result<()> {
-        let raw = self.calls % 2 == 1;
+        let raw = self.raw_only || self.calls % 2 == 1;
         self.calls += 1;
         let advice = self.kind.advice();
         let name = self.kind.name();
@@ -206,6 +215,39 @@ impl Remover {
                 check(r, name).map(|_| ())
             }
         }
+    }
+
+    /// One change of a buffer as the stress makes it: the seqlock goes odd, the pages are
+    /// dropped with this kind, a fresh `value` is stamped at the start of each page, the seqlock
+    /// goes even; then a short pause (a change every few microseconds, not a storm that starves
+    /// the registering threads).
+    ///
+    /// # Safety
+    /// As for [`remove`](Self::remove); `[addr, addr + len)` must also be writable.
+    ///
+    /// # Errors
+    /// As for [`remove`](Self::remove) (the seqlock is even again either way).
+    pub unsafe fn change(
+        &mut self,
+        ch: &Change,
+        addr: usize,
+        len: usize,
+        page: usize,
+        value: u64,
+    ) -> io::Result<()> {
+        ch.begin();
+        // SAFETY: the caller's contract.
+        if let Err(e) = unsafe { self.remove(addr, len) } {
+            ch.end();
+            return Err(e);
+        }
+        // SAFETY: the caller's contract; writable, no Rust reference into it.
+        unsafe { write_stamp(addr, len, page, value) };
+        ch.end();
+        for _ in 0..2000 {
+            std::hint::spin_loop();
+        }
+        Ok(())
     }
 }
 

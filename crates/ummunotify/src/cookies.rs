@@ -112,8 +112,20 @@ impl CookieTable {
         Some(id)
     }
 
+    /// Makes room for `additional` more cookies, so that inserting them allocates nothing.
+    pub(crate) fn reserve(&mut self, additional: usize, cookie_of: impl Fn(u32) -> u64) {
+        let need = self.len.saturating_add(additional);
+        if need.saturating_mul(4) > self.ids.len().saturating_mul(3) {
+            self.rehash(need.saturating_mul(4).div_ceil(3).max(16), &cookie_of);
+        }
+    }
+
     fn grow(&mut self, cookie_of: &impl Fn(u32) -> u64) {
-        let cap = (self.ids.len() + self.ids.len() / 2).max(16);
+        self.rehash((self.ids.len() + self.ids.len() / 2).max(16), cookie_of);
+    }
+
+    /// Moves every id into a table of `cap` positions.
+    fn rehash(&mut self, cap: usize, cookie_of: &impl Fn(u32) -> u64) {
         let old = std::mem::replace(&mut self.ids, vec![EMPTY; cap]);
         for id in old.into_iter().filter(|&id| id != EMPTY) {
             if let Err(i) = self.probe(cookie_of(id), cookie_of) {
@@ -173,6 +185,26 @@ mod tests {
                     assert_eq!(t.get(c, |id| cookies[id as usize]), Some(id));
                 }
             }
+        }
+    }
+
+    #[test]
+    fn reserved_room_takes_inserts_without_growing() {
+        let cookies: Vec<u64> = (0..1000u64).map(|i| i * 7919).collect();
+        let mut t = CookieTable::new();
+        t.insert(0, |id| cookies[id as usize]);
+        t.reserve(999, |id| cookies[id as usize]);
+        let cap = t.ids.len();
+        for id in 1..1000u32 {
+            t.insert(id, |id| cookies[id as usize]);
+        }
+        assert_eq!(
+            t.ids.len(),
+            cap,
+            "an insert within the reserved room grew the table"
+        );
+        for (id, &c) in cookies.iter().enumerate() {
+            assert_eq!(t.get(c, |id| cookies[id as usize]), Some(id as u32));
         }
     }
 }

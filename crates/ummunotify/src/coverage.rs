@@ -132,6 +132,30 @@ impl Coverage {
         out
     }
 
+    /// Calls `f(s, e)` for each maximal covered (count > 0) part of `[start, end)`, in order.
+    /// No allocation.
+    pub(crate) fn for_each_covered(&self, start: u64, end: u64, mut f: impl FnMut(u64, u64)) {
+        let mut part: Option<(u64, u64)> = None;
+        let before = self.runs.range(..start).next_back();
+        for (&s, run) in before.into_iter().chain(self.runs.range(start..end)) {
+            let (s, e) = (s.max(start), run.end.min(end));
+            if s >= e {
+                continue;
+            }
+            part = match part {
+                Some((ps, pe)) if pe == s => Some((ps, e)),
+                Some((ps, pe)) => {
+                    f(ps, pe);
+                    Some((s, e))
+                }
+                None => Some((s, e)),
+            };
+        }
+        if let Some((s, e)) = part {
+            f(s, e);
+        }
+    }
+
     /// Number of stored runs (for tests and statistics).
     pub(crate) fn segments(&self) -> usize {
         self.runs.len()
@@ -223,6 +247,24 @@ fn debug_assert_valid(start: u64, end: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn covered_parts() {
+        let p = MIN_PAGE_SIZE;
+        let mut c = Coverage::new();
+        c.add(p, 4 * p);
+        c.add(2 * p, 3 * p); // a run with count 2 inside: still one covered part
+        c.add(6 * p, 8 * p);
+        let mut parts = Vec::new();
+        c.for_each_covered(0, 10 * p, |s, e| parts.push((s, e)));
+        assert_eq!(parts, [(p, 4 * p), (6 * p, 8 * p)]);
+        parts.clear();
+        c.for_each_covered(2 * p, 7 * p, |s, e| parts.push((s, e)));
+        assert_eq!(parts, [(2 * p, 4 * p), (6 * p, 7 * p)]);
+        parts.clear();
+        c.for_each_covered(4 * p, 6 * p, |s, e| parts.push((s, e)));
+        assert!(parts.is_empty());
+    }
     use proptest::prelude::*;
     use std::collections::HashMap;
 

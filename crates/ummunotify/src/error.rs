@@ -89,7 +89,8 @@ pub enum Error {
     EmptyRange,
     /// The range wraps (`end < start`), or rounding it out to pages overflows.
     WrappingRange,
-    /// Part of the range is not mapped.
+    /// Part of the range is not mapped (from [`Notifier::register`](crate::Notifier::register);
+    /// [`Notifier::register_any`](crate::Notifier::register_any) accepts holes).
     Unmapped,
     /// The kernel refused to watch this kind of mapping (for example `[vdso]`, or a file mapping
     /// on a kernel without `UFFD_FEATURE_WP_ASYNC`).

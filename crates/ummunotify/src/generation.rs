@@ -17,6 +17,11 @@ pub(crate) const BUSY: u64 = 1;
 pub(crate) const DEAD: u64 = 1 << 63;
 /// Set together with `DEAD` in a forked child.
 pub(crate) const FORKED: u64 = 1 << 62;
+/// Set for good at start on a notifier whose backend delivers by pull (`crate::sink::Probe`):
+/// every check sees it in the value it loaded anyway and runs the probe before comparing. A
+/// push-only backend never sets it, so its checks stay one load and one compare.
+#[cfg_attr(loom, allow(dead_code))]
+pub(crate) const PULL: u64 = 1 << 61;
 
 /// A snapshot of a notifier's generation counter: "nothing changed since" is one load and compare.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -26,6 +31,13 @@ impl Generation {
     /// The raw counter value (even; the same value the C API and 2010 ABI expose).
     pub fn value(self) -> u64 {
         self.0
+    }
+
+    /// A snapshot from a raw value taken earlier with [`value`](Self::value) (the C API's
+    /// `uint64_t`). Not part of the stable API.
+    #[doc(hidden)]
+    pub fn from_value(value: u64) -> Generation {
+        Generation(value)
     }
 }
 
@@ -43,6 +55,16 @@ pub(crate) fn begin_message(counter: &AtomicU64) {
 #[inline]
 pub(crate) fn end_message(counter: &AtomicU64) {
     counter.fetch_add(BUSY, Release);
+}
+
+/// Monitor, instead of [`end_message`] for a message that changed nothing this notifier's
+/// checks can see (it hit none of its regions): the counter returns to its value before
+/// [`begin_message`]. A checker that waited the busy value out compares equal again, which is
+/// right: no validity word changed. Release, as `end_message`: the message's bookkeeping
+/// (in-flight windows, moved watches) is published to a reader that Acquire-loads the value.
+#[inline]
+pub(crate) fn cancel_message(counter: &AtomicU64) {
+    counter.fetch_sub(BUSY, Release);
 }
 
 /// The 2010 notification count (a word of its own, see [`Notifier::notifications`]): the
@@ -76,9 +98,31 @@ pub(crate) fn kill(counter: &AtomicU64) {
 }
 
 /// The one-load fast path: true iff no message was dequeued since `snapshot` was taken.
+///
+/// `pull` runs only when the counter carries [`PULL`] (a pull backend): it delivers what the
+/// backend recorded, and the counter is loaded again.
 #[inline]
-pub(crate) fn unchanged(counter: &AtomicU64, snapshot: Generation) -> bool {
+pub(crate) fn unchanged(counter: &AtomicU64, snapshot: Generation, pull: impl FnOnce()) -> bool {
+    let c = counter.load(Acquire);
+    if c != snapshot.0 {
+        return false;
+    }
+    if c & PULL == 0 {
+        return true;
+    }
+    pull();
     counter.load(Acquire) == snapshot.0
+}
+
+/// [`wait_idle`] after running `pull` if the counter carries [`PULL`].
+#[inline]
+pub(crate) fn wait_idle_pulled(counter: &AtomicU64, pull: impl FnOnce()) -> Result<u64, u64> {
+    let c = wait_idle(counter)?;
+    if c & PULL == 0 {
+        return Ok(c);
+    }
+    pull();
+    wait_idle(counter)
 }
 
 /// Waits until the monitor is not busy; returns the even counter value, or `Err(value)` if dead.
@@ -97,10 +141,16 @@ pub(crate) fn wait_idle(counter: &AtomicU64) -> Result<u64, u64> {
     }
 }
 
-/// The per-region check: waits out a busy monitor, then one load of the region's word.
+/// The per-region check: waits out a busy monitor, then one load of the region's word (`pull`
+/// first on a pull backend, as in [`unchanged`]).
 #[inline]
-pub(crate) fn region_valid(counter: &AtomicU64, word: &AtomicU64, expected: u64) -> bool {
-    if wait_idle(counter).is_err() {
+pub(crate) fn region_valid(
+    counter: &AtomicU64,
+    word: &AtomicU64,
+    expected: u64,
+    pull: impl FnOnce(),
+) -> bool {
+    if wait_idle_pulled(counter, pull).is_err() {
         return false;
     }
     // Ordered after the Acquire load of an even counter value: sees every INVALID bit set by
@@ -115,7 +165,7 @@ pub(crate) fn region_valid(counter: &AtomicU64, word: &AtomicU64, expected: u64)
 /// `end_message`, `unchanged`, `wait_idle`, `region_valid`) are called as they are, on loom
 /// atomics. The monitor's sequence (lock, mark busy, make readable, "read", lock, set INVALID,
 /// queue, end) and the reader's readiness clearing are hand transcriptions of
-/// `Shared::begin_message`/`apply`/`end_message` and `read_events` in `notifier.rs`, with a loom
+/// `Shared`'s `Sink::begin`/`apply`/`end` and `read_events` in `notifier.rs`, with a loom
 /// `Mutex` for the index lock, an atomic for the eventfd's count and one for the kernel's
 /// release of the unmapping thread. A change to those functions must be mirrored here; the
 /// model checks the protocol's ordering argument, not their code.
@@ -202,11 +252,17 @@ mod loom_model {
             };
             // The unmapping thread, or any thread that synchronised with it after it returned.
             if w.released.load(SeqCst) {
-                assert!(!unchanged(&w.counter, snapshot), "stale counter check");
-                assert!(!region_valid(&w.counter, &w.word, 2), "stale region check");
+                assert!(
+                    !unchanged(&w.counter, snapshot, || {}),
+                    "stale counter check"
+                );
+                assert!(
+                    !region_valid(&w.counter, &w.word, 2, || {}),
+                    "stale region check"
+                );
             }
             m.join().unwrap();
-            assert!(!region_valid(&w.counter, &w.word, 2));
+            assert!(!region_valid(&w.counter, &w.word, 2, || {}));
             assert_eq!(w.counter.load(Acquire) & BUSY, 0);
         });
     }

@@ -45,8 +45,9 @@ pub(crate) const ENTRIES: usize = 64;
 /// The signal is `SIGRTMAX - SIGNAL_OFFSET` (glibc: 62), unless `UMN_SIGNAL` names another
 /// (0 disables signalling: every entry then ends by exit or grace).
 pub const SIGNAL_OFFSET: i32 = 2;
-/// How long a `REMOVE` nobody could be named for stays in flight.
-pub const UNIDENTIFIED_GRACE: Duration = Duration::from_millis(5);
+/// How long a `REMOVE` nobody could be named for stays in flight (5 ms was too short on a loaded
+/// machine: a woken io-wq worker can wait that long for a CPU before it zaps).
+pub const UNIDENTIFIED_GRACE: Duration = Duration::from_millis(100);
 /// How long a named thread that neither acknowledged nor exited keeps its entry in flight.
 pub const STUCK_GRACE: Duration = Duration::from_millis(200);
 
@@ -114,6 +115,23 @@ pub(crate) fn stamp(ack: &impl Word, next: &impl Word) {
 #[inline]
 pub(crate) fn acked(ack: &impl Word, t: u64) -> bool {
     ack.get(Acquire) >= t
+}
+
+/// Set by [`disable_for_tests`]: the monitor records no `REMOVE` (the behaviour before issue 9).
+static DISABLED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Turns the in-flight protection off for the rest of the process: `REMOVE`s are no longer
+/// recorded, so registrations and re-arms never wait for a zap, as before issue 9. Breaks
+/// guarantee 1 on purpose; only for tests and measurements that show what the protection
+/// prevents (the REMOVE-race stress, the torture's REMOVE churn, `umn coverage`'s race row).
+#[doc(hidden)]
+pub fn disable_for_tests() {
+    DISABLED.store(true, Relaxed);
+}
+
+/// Whether [`disable_for_tests`] was called.
+pub(crate) fn disabled() -> bool {
+    DISABLED.load(Relaxed)
 }
 
 /// Threads of the process that can be named at once.
@@ -381,9 +399,21 @@ struct Entry {
     members: Members,
     /// Not every possible sender could be named.
     unnamed: bool,
+    /// Busy io_uring workers that may be the sender (they run no signal handler): each is
+    /// cleared when a later look finds it idle or gone ([`InFlight::worker_idle`]); until then
+    /// the entry can end only by [`UNIDENTIFIED_GRACE`].
+    workers: [i32; WORKERS],
+    n_workers: u8,
     /// Members were named (by a scan made after the read).
     resolved: bool,
+    /// Holds more than one invalidation (the table was full): `close` can not end it.
+    merged: bool,
+    /// Ended by `close` (or `STUCK_GRACE`), never by naming senders.
+    explicit: bool,
 }
+
+/// Busy io_uring workers followed per entry; more leave the entry to its grace.
+pub(crate) const WORKERS: usize = 4;
 
 /// The in-flight `REMOVE`s of one notifier (under its index lock).
 #[derive(Debug)]
@@ -448,8 +478,11 @@ impl InFlight {
     /// When the table is full the entry is merged into the newest one (union of ranges, the
     /// newer ticket, unresolved again): never dropped, never waiting.
     ///
+    /// Returns the entry's ticket, for [`close`](Self::close). An `explicit` entry is ended by
+    /// `close` (the backend knows the end), or after [`STUCK_GRACE`]; nobody is named for it.
+    ///
     /// [`resolve`]: Self::resolve
-    pub(crate) fn record(&mut self, start: u64, end: u64) {
+    pub(crate) fn record(&mut self, start: u64, end: u64, explicit: bool) -> u64 {
         let ticket = issue(&NEXT);
         let since = now_ns();
         if self.len == ENTRIES {
@@ -458,18 +491,44 @@ impl InFlight {
             last.end = last.end.max(end);
             last.ticket = ticket;
             last.since = since;
-            last.resolved = false;
+            // A merge that holds an explicit window ends only by grace (conservative: the
+            // learnt part then waits `STUCK_GRACE` too); otherwise its senders are named again.
+            last.explicit |= explicit;
+            last.resolved = last.explicit;
+            last.merged = true;
             self.merged += 1;
-            return;
+            return ticket;
         }
         self.entries[self.len] = Entry {
             start,
             end,
             ticket,
             since,
+            // Nothing to name: `resolve` and `sweep`'s naming skip it.
+            resolved: explicit,
+            explicit,
             ..Entry::default()
         };
         self.len += 1;
+        ticket
+    }
+
+    /// Ends the entry recorded with `ticket`, for a backend that learns the end of an
+    /// invalidation itself (a kernel module's `invalidate_range_end`). Counted as confirmed.
+    /// An entry merged since (its ticket replaced) is left to the usual rules: the merge may
+    /// cover another invalidation whose end is not known.
+    #[cfg_attr(not(test), allow(dead_code))] // through `Sink::window_close`
+    pub(crate) fn close(&mut self, ticket: u64) -> bool {
+        let Some(i) = self.entries[..self.len]
+            .iter()
+            .position(|e| e.ticket == ticket && !e.merged)
+        else {
+            return false;
+        };
+        self.len -= 1;
+        self.entries[i] = self.entries[self.len];
+        self.confirmed += 1;
+        true
     }
 
     /// The ticket counter now: a scan started after this value was read can resolve every
@@ -512,7 +571,13 @@ impl InFlight {
                 .filter(|c| c.start < e.end && e.start < c.end)
             {
                 if c.io_worker {
-                    e.unnamed = true; // runs no handler: the grace ends it
+                    // Runs no handler: ends when seen idle after the read, or by the grace.
+                    if (e.n_workers as usize) < WORKERS {
+                        e.workers[e.n_workers as usize] = c.tid;
+                        e.n_workers += 1;
+                    } else {
+                        e.unnamed = true;
+                    }
                     continue;
                 }
                 match thread_slot(c.tid) {
@@ -523,6 +588,41 @@ impl InFlight {
             out.union(&e.members);
         }
         Outbox(out)
+    }
+
+    /// The busy io_uring workers that keep an entry overlapping `[start, end)` in flight (at most
+    /// `out.len()`, each once).
+    pub(crate) fn workers(&self, start: u64, end: u64, out: &mut [i32]) -> usize {
+        let mut n = 0;
+        for e in self.entries[..self.len]
+            .iter()
+            .filter(|e| e.start < end && start < e.end)
+        {
+            for &w in &e.workers[..e.n_workers as usize] {
+                if n < out.len() && !out[..n].contains(&w) {
+                    out[n] = w;
+                    n += 1;
+                }
+            }
+        }
+        n
+    }
+
+    /// io_uring worker `tid` was seen idle (waiting for work) or gone by a look that started
+    /// after `horizon` was read: it is not inside a call that sent any entry with ticket <=
+    /// `horizon` (such a call began before the read and ends after its zap), so those entries
+    /// stop waiting for it.
+    pub(crate) fn worker_idle(&mut self, tid: i32, horizon: u64) {
+        for e in self.entries[..self.len]
+            .iter_mut()
+            .filter(|e| e.resolved && e.ticket <= horizon)
+        {
+            let n = e.n_workers as usize;
+            if let Some(k) = e.workers[..n].iter().position(|&w| w == tid) {
+                e.workers[k] = e.workers[n - 1];
+                e.n_workers -= 1;
+            }
+        }
     }
 
     /// Ends every entry whose zap is known to have happened (or whose grace ran out); signals
@@ -546,7 +646,9 @@ impl InFlight {
                 continue;
             }
             let age = now.saturating_sub(e.since);
-            let mut all = true;
+            let stuck = age >= STUCK_GRACE.as_nanos() as u64;
+            // An explicit window has no members: only `close` or the grace end it.
+            let mut all = !e.explicit;
             for m in e.members.iter() {
                 if acked(&ACK[m], e.ticket) || gone.has(m) {
                     continue;
@@ -565,17 +667,17 @@ impl InFlight {
                 }
             }
             // A member found gone above counted as not done for this entry; look again.
-            if !all {
+            if !all && !e.explicit {
                 all = e
                     .members
                     .iter()
                     .all(|m| acked(&ACK[m], e.ticket) || gone.has(m));
             }
-            let confirmed = all && !e.unnamed;
-            let grace = if e.unnamed && all {
+            let confirmed = all && !e.unnamed && e.n_workers == 0;
+            let grace = if (e.unnamed || e.n_workers > 0) && all {
                 age >= UNIDENTIFIED_GRACE.as_nanos() as u64
             } else {
-                age >= STUCK_GRACE.as_nanos() as u64
+                stuck
             };
             if confirmed || grace {
                 if confirmed {
@@ -634,6 +736,33 @@ impl Scanner {
             n: 0,
             overflowed: false,
         }
+    }
+
+    /// Whether io_uring worker `tid` is idle (its `wchan` is `io_wq_worker`: waiting for work)
+    /// or gone. A worker that is running, or blocked anywhere else, is not.
+    pub(crate) fn worker_idle(&self, tid: i32) -> bool {
+        let Some(dir) = &self.dir else { return false };
+        let mut name = [0u8; 12];
+        let mut len = 0;
+        let mut digits = [0u8; 12];
+        let mut v = tid as u32;
+        loop {
+            digits[len] = b'0' + (v % 10) as u8;
+            len += 1;
+            v /= 10;
+            if v == 0 {
+                break;
+            }
+        }
+        for k in 0..len {
+            name[k] = digits[len - 1 - k];
+        }
+        let wchan = read_small(dir.as_raw_fd(), &name[..len], b"/wchan\0");
+        if wchan.1 == 0 {
+            // Unreadable: gone (ENOENT/ESRCH) counts as idle, anything else as busy.
+            return wchan.2;
+        }
+        wchan.starts_with(b"io_wq_worker")
     }
 
     /// The candidates of the last scan, and whether some could not be kept (or the scan failed).
@@ -737,6 +866,20 @@ impl Scanner {
         let (fd, owned, io_worker) = match slot {
             Some(i) => {
                 self.open[i].2 = true;
+                if !task_file_live(self.open[i].1) {
+                    // The file is of a thread that is gone, and `tid` (listed just now) was
+                    // given to a new one (pid_max is often 32768): reading the old file would
+                    // call the new thread gone and never look at it. Open its own.
+                    // SAFETY: an fd this scanner opened and owns; replaced below.
+                    unsafe { libc::close(self.open[i].1) };
+                    let Some(fd) = open_syscall(dfd, name) else {
+                        self.n_open -= 1;
+                        self.open[i] = self.open[self.n_open];
+                        self.overflowed |= !last_error_is_gone();
+                        return None;
+                    };
+                    self.open[i] = (tid, fd, true, is_io_worker(dfd, name));
+                }
                 (self.open[i].1, false, self.open[i].3)
             }
             None => match open_syscall(dfd, name) {
@@ -783,6 +926,15 @@ impl Scanner {
     }
 }
 
+/// Whether an open `/proc/TID/syscall` file still belongs to a live thread (a read of a file
+/// whose thread is gone fails with `ESRCH`, even when the tid was given to a new thread since).
+fn task_file_live(fd: i32) -> bool {
+    let mut buf = [0u8; 256];
+    // SAFETY: reads into our stack buffer at offset 0.
+    let got = unsafe { libc::pread(fd, buf.as_mut_ptr().cast(), buf.len(), 0) };
+    got > 0 || !last_error_is_gone()
+}
+
 /// Whether the last failed call failed because the thread is gone.
 fn last_error_is_gone() -> bool {
     matches!(
@@ -791,38 +943,54 @@ fn last_error_is_gone() -> bool {
     )
 }
 
-/// Whether thread `name` is an io_uring worker (`comm` starts with `iou-wrk-`).
+/// `PF_IO_WORKER` (include/linux/sched.h), in the flags field of `/proc/TID/stat`.
+const PF_IO_WORKER: u64 = 0x10;
+
+/// Whether thread `name` is an io_uring worker: `PF_IO_WORKER` in its `stat` flags, set when
+/// the kernel creates it (its `comm` becomes `iou-wrk-*` only once it runs, so a worker seen
+/// right after its creation carries its creator's name). Unreadable: not one.
 fn is_io_worker(dfd: i32, name: &[u8]) -> bool {
-    read_small(dfd, name, b"/comm\0").starts_with(b"iou-wrk-")
+    let mut buf = [0u8; 512];
+    let (got, _) = read_task(dfd, name, b"/stat\0", &mut buf);
+    stat_flags(&buf[..got]).is_some_and(|f| f & PF_IO_WORKER != 0)
+}
+
+/// The flags field of a `/proc/TID/stat` line (the 9th; counted after the `)` that ends the
+/// command name, which may itself hold spaces and parentheses).
+fn stat_flags(line: &[u8]) -> Option<u64> {
+    let close = line.iter().rposition(|&b| b == b')')?;
+    let mut fields = line[close + 1..]
+        .split(|&b| b == b' ')
+        .filter(|w| !w.is_empty());
+    // state ppid pgrp session tty_nr tpgid flags
+    let flags = fields.nth(6)?;
+    parse_dec(flags).map(|v| v as u64)
 }
 
 /// The first bytes of `NAME` + `suffix` (NUL-terminated) under the task directory (empty on
 /// failure).
 fn read_small(dfd: i32, name: &[u8], suffix: &[u8]) -> SmallBuf {
-    let mut out = SmallBuf([0; 32], 0);
-    let mut path = [0u8; 40];
-    if name.len() + suffix.len() > path.len() {
-        return out;
-    }
-    path[..name.len()].copy_from_slice(name);
-    path[name.len()..name.len() + suffix.len()].copy_from_slice(suffix);
-    // SAFETY: a NUL-terminated relative path under our directory fd; reads into a stack buffer
-    // and closes the fd it opened.
-    let got = unsafe {
-        let fd = libc::openat(dfd, path.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC);
-        if fd < 0 {
-            return out;
-        }
-        let got = libc::read(fd, out.0.as_mut_ptr().cast(), out.0.len());
-        libc::close(fd);
-        got
-    };
-    out.1 = got.max(0) as usize;
+    let mut out = SmallBuf([0; 32], 0, false);
+    (out.1, out.2) = read_task(dfd, name, suffix, &mut out.0);
     out
 }
 
-/// A few bytes read from a `/proc` file.
-struct SmallBuf([u8; 32], usize);
+/// Reads `NAME` + `suffix` (NUL-terminated) under the task directory into `buf`: the bytes
+/// read (0 on failure), and whether it failed because the thread is gone.
+fn read_task(dfd: i32, name: &[u8], suffix: &[u8], buf: &mut [u8]) -> (usize, bool) {
+    let Some(fd) = open_task(dfd, name, suffix) else {
+        return (0, last_error_is_gone());
+    };
+    // SAFETY: reads into the caller's buffer and closes the fd opened above.
+    let got = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+    let gone = got < 0 && last_error_is_gone();
+    // SAFETY: our own fd.
+    unsafe { libc::close(fd) };
+    (got.max(0) as usize, gone)
+}
+
+/// A few bytes read from a `/proc` file, and whether it failed because the thread is gone.
+struct SmallBuf([u8; 32], usize, bool);
 
 impl SmallBuf {
     fn starts_with(&self, p: &[u8]) -> bool {
@@ -841,8 +1009,12 @@ impl Drop for Scanner {
 
 /// Opens `NAME/syscall` under the task directory.
 fn open_syscall(dfd: i32, name: &[u8]) -> Option<i32> {
+    open_task(dfd, name, b"/syscall\0")
+}
+
+/// Opens `NAME` + `suffix` (NUL-terminated) under the task directory, read-only.
+fn open_task(dfd: i32, name: &[u8], suffix: &[u8]) -> Option<i32> {
     let mut path = [0u8; 40];
-    let suffix = b"/syscall\0";
     if name.len() + suffix.len() > path.len() {
         return None;
     }
@@ -923,7 +1095,7 @@ pub(crate) fn parse_syscall(line: &[u8], tid: i32) -> Option<Candidate> {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 
@@ -944,7 +1116,7 @@ mod tests {
     #[test]
     fn an_entry_blocks_until_resolved_and_acknowledged() {
         let mut f = InFlight::default();
-        f.record(0x1000, 0x2000);
+        f.record(0x1000, 0x2000, false);
         assert!(f.overlaps(0x1800, 0x1900) && !f.overlaps(0x2000, 0x3000));
         assert!(f.unresolved(0x1000, 0x2000));
         // Unresolved entries never end by a sweep.
@@ -961,13 +1133,58 @@ mod tests {
     fn a_full_table_merges_instead_of_dropping() {
         let mut f = InFlight::default();
         for i in 0..ENTRIES as u64 + 3 {
-            f.record(i * 0x1000, i * 0x1000 + 0x1000);
+            f.record(i * 0x1000, i * 0x1000 + 0x1000, false);
         }
         assert_eq!(f.len(), ENTRIES);
         assert_eq!(f.merged, 3);
         // The merged entry covers every range that went into it.
         let last = ENTRIES as u64 + 2;
         assert!(f.overlaps(last * 0x1000, last * 0x1000 + 1));
+    }
+
+    #[test]
+    fn reads_the_flags_of_proc_stat_lines() {
+        let line = b"4242 (iou-wrk-4) x) S 1 4242 4242 0 -1 4194368 0 0 0 0 0 0\n";
+        assert_eq!(stat_flags(line), Some(4194368));
+        assert_eq!(stat_flags(line).unwrap() & PF_IO_WORKER, 0);
+        assert_eq!(stat_flags(b"7 (a) R 1 7 7 0 -1 2097232 1"), Some(2097232));
+        assert_eq!(stat_flags(b"7 (a) R 1"), None);
+        // Our own thread is no io_uring worker; a worker of a ring we drive is one.
+        let dir = c"/proc/self/task";
+        // SAFETY: opens a directory read-only; closed below.
+        let dfd = unsafe { libc::open(dir.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY) };
+        assert!(dfd >= 0);
+        let me = crate::sys::gettid().to_string();
+        assert!(!is_io_worker(dfd, me.as_bytes()));
+        // SAFETY: our own fd.
+        unsafe { libc::close(dfd) };
+    }
+
+    #[test]
+    fn a_task_file_of_a_thread_that_is_gone_reads_dead() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            tx.send(crate::sys::gettid()).unwrap();
+            go_rx.recv().unwrap();
+        });
+        let tid = rx.recv().unwrap();
+        let path = std::ffi::CString::new(format!("/proc/self/task/{tid}/syscall")).unwrap();
+        // SAFETY: a NUL-terminated path; closed below.
+        let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+        assert!(fd >= 0);
+        assert!(task_file_live(fd));
+        go_tx.send(()).unwrap();
+        t.join().unwrap();
+        // join returns when the kernel cleared the thread's tid word, a little before the thread
+        // is released: look again for a while.
+        let dead = (0..1000).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            !task_file_live(fd)
+        });
+        assert!(dead, "the file of an exited thread still reads live");
+        // SAFETY: our own fd.
+        unsafe { libc::close(fd) };
     }
 
     #[test]
@@ -1088,7 +1305,7 @@ mod loom_model {
             }
         }
         let pinned = w.frame.load(SeqCst);
-        if w.returned.load(SeqCst) && region_valid(&w.counter, &w.word, VALID) {
+        if w.returned.load(SeqCst) && region_valid(&w.counter, &w.word, VALID, || {}) {
             assert_eq!(pinned, NEW, "valid registration pins the dropped frame");
         }
     }

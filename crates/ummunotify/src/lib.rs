@@ -59,6 +59,14 @@
 #[doc(hidden)]
 #[path = "fuzz.rs"]
 pub mod __fuzz;
+/// Test-only switches; not part of the API.
+#[cfg(not(loom))]
+#[doc(hidden)]
+pub mod __testing {
+    /// Turns the REMOVE-in-flight protection (issue 9) off for the rest of the process, to show
+    /// what it prevents. Breaks guarantee 1.
+    pub use crate::inflight::disable_for_tests as disable_remove_in_flight;
+}
 #[cfg(not(loom))]
 mod backend;
 #[cfg(not(loom))]
@@ -88,6 +96,8 @@ mod region;
 pub mod registrar;
 #[cfg(not(loom))]
 mod segvec;
+#[cfg(not(loom))]
+mod sink;
 #[cfg(not(loom))]
 mod sys;
 

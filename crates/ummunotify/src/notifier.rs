@@ -2,7 +2,8 @@
 //!
 //! # Event-path rules
 //!
-//! [`Shared::apply`] runs on the monitor thread between the kernel telling us of a change and the
+//! [`Shared`]'s [`Sink`] methods run on a backend's delivery path (a monitor thread, or a hooked
+//! libc call in the calling thread) between the kernel telling us of a change and the
 //! region state being updated. It never allocates, never frees, never unmaps, never logs, and
 //! takes only the `index` lock, which user threads hold only for short sections that do none of
 //! those things and run with every signal blocked (see `docs/ARCHITECTURE.md`, "Locks").
@@ -15,13 +16,10 @@ use std::ops::Range;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::AtomicU64 as StdAtomicU64;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::thread::JoinHandle;
 
-use crate::backend::uffd;
-use crate::backend::Invalidation;
-use crate::backend::{hooks, Backend, Watcher};
+use crate::backend::{self, Backend, Delivery, Watcher};
 use crate::cookies::CookieTable;
 use crate::coverage::Coverage;
 use crate::event::{self, Event, Hint, MANY, PENDING};
@@ -31,6 +29,7 @@ use crate::inflight::{InFlight, Scanner};
 use crate::queue::QueueBits;
 use crate::region::{Span, INVALID};
 use crate::segvec::{SegVec, Zeroable};
+use crate::sink::{Invalidation, Probe, Sink, Window, WindowEnd};
 use crate::sys::{self, CounterPage, SignalsBlocked};
 use crate::{fork, Cookie, Error, Region, Result};
 
@@ -49,9 +48,11 @@ use crate::{fork, Cookie, Error, Region, Result};
 pub(crate) struct Slot {
     word: AtomicU64,
     cookie: AtomicU64,
-    /// The region's range and its place in the index. Its tag: 0 for a free slot, [`EXACT`]
-    /// for a region watched as its own pages, [`WIDE`]` + k` for one watched as the `k`-th range
-    /// of [`WideRanges`].
+    /// The region's range and its place in the index. Its tag (24 bits): in the low 22 (the
+    /// [`KIND`] mask) 0 for a free slot, [`EXACT`] for a region watched as its own pages,
+    /// [`WIDE`]` + k` for one watched as the `k`-th range of [`WideRanges`]; bit 22
+    /// [`ANY_RANGE`] and bit 23 [`HOLES`], reached only by user threads under the index lock
+    /// (the event path reads only the node's range).
     node: UnsafeCell<Node>,
     hint: UnsafeCell<Hint>,
 }
@@ -65,8 +66,19 @@ const LOST: u64 = 1 << 3;
 const SERIAL_SHIFT: u32 = 4;
 /// Node tag of a live region watched as its own pages.
 const EXACT: u32 = 1;
-/// Node tags from this one up: a live region watched as the range `tag - WIDE` of [`WideRanges`].
+/// Node tag kinds from this one up: a live region watched as the range `kind - WIDE` of
+/// [`WideRanges`].
 const WIDE: u32 = 2;
+/// The part of a node's tag that says how the region is watched (`0`, [`EXACT`], [`WIDE`]` + k`).
+const KIND: u32 = (1 << 22) - 1;
+/// Node tag bit: registered with [`Notifier::register_any`], valid over holes (re-arming over a
+/// hole makes it valid, as registering it then would).
+const ANY_RANGE: u32 = 1 << 22;
+/// Node tag bit: some pages of its range were not mapped when it was last watched (at
+/// registration or re-arm): counted in `Registry::holes`, so [`Notifier::mapped`] watches memory
+/// announced there. Cleared when it is unregistered or re-armed with all its pages mapped.
+const HOLES: u32 = 1 << 23;
+const _: () = assert!(HOLES | ANY_RANGE | KIND == TAG_MAX);
 
 /// The validity word `serial` starts, valid.
 fn valid_word(serial: u64) -> u64 {
@@ -87,8 +99,8 @@ unsafe impl Sync for Slot {}
 unsafe impl Zeroable for Slot {}
 
 /// Watch ranges of the regions registered over the VMA budget (whole VMAs, so few distinct
-/// ones), interned and refcounted: a region names its range in its node's tag (24 bits)
-/// instead of carrying 16 bytes.
+/// ones), interned and refcounted: a region names its range in its node's tag (the 22 bits of
+/// [`KIND`]) instead of carrying 16 bytes.
 #[derive(Default)]
 struct WideRanges {
     /// `(watch_start, watch_end, regions using it)`; unused entries have count 0.
@@ -106,7 +118,7 @@ impl WideRanges {
         }
         let k = match self.free.pop() {
             Some(k) => k,
-            None if self.ranges.len() <= (TAG_MAX - WIDE) as usize => {
+            None if self.ranges.len() <= (KIND - WIDE) as usize => {
                 self.ranges.push((0, 0, 0));
                 (self.ranges.len() - 1) as u32
             }
@@ -121,9 +133,9 @@ impl WideRanges {
         Ok(WIDE + k)
     }
 
-    /// Drops one region's use of the range of node tag `tag` (`>= WIDE`).
-    fn release(&mut self, tag: u32) {
-        let k = tag - WIDE;
+    /// Drops one region's use of the range of node tag kind `kind` (`>= WIDE`).
+    fn release(&mut self, kind: u32) {
+        let k = kind - WIDE;
         let r = &mut self.ranges[k as usize];
         r.2 -= 1;
         if r.2 == 0 {
@@ -135,8 +147,9 @@ impl WideRanges {
     /// The region `node` (live) as a span: its range, and the pages watched for it.
     fn span(&self, node: &Node) -> Span {
         let (start, end) = (node.start, node.end);
-        let (watch_start, watch_end) = if node.tag() >= WIDE {
-            let r = self.ranges[(node.tag() - WIDE) as usize];
+        let kind = node.tag() & KIND;
+        let (watch_start, watch_end) = if kind >= WIDE {
+            let r = self.ranges[(kind - WIDE) as usize];
             (r.0, r.1)
         } else {
             let page = sys::page_size() as u64;
@@ -181,6 +194,19 @@ struct IndexState {
 const STRAYS: usize = 32;
 const UNMAPPED: usize = 64;
 
+impl IndexState {
+    /// Event path: the kernel's watch over `[start, end)` is gone (an unmap, or the old range of
+    /// a move), for the next registration to take into `Registry::lost` (see `register`).
+    fn record_unmapped(&mut self, start: u64, end: u64) {
+        if self.unmapped_len < UNMAPPED {
+            self.unmapped[self.unmapped_len] = (start, end);
+            self.unmapped_len += 1;
+        } else {
+            self.unmapped_overflow = true;
+        }
+    }
+}
+
 /// State only user threads touch (the event path never takes this lock).
 struct Registry {
     cookies: CookieTable,
@@ -197,6 +223,8 @@ struct Registry {
     lost: LostRanges,
     /// `UFFDIO_REGISTER`s (or filter insertions) made by registrations and re-arms.
     watch_calls: u64,
+    /// Regions whose node tag has [`HOLES`].
+    holes: usize,
 }
 
 /// Disjoint ranges, merged (the registry's `lost`).
@@ -322,16 +350,20 @@ impl WatchBudget {
         self.estimate(segments) + 2 + Self::MARGIN <= self.limit
     }
 
-    /// The whole VMAs covering `[start, end)`, or `None` if part of it is unmapped.
-    fn widen(&mut self, start: u64, end: u64) -> Result<Option<(u64, u64)>> {
+    /// The mapping list, opened at first use.
+    fn vmas(&mut self) -> Result<&sys::vma::Vmas> {
         if self.vmas.is_none() {
             self.vmas = Some(sys::vma::Vmas::open().map_err(|source| Error::Os {
                 op: "open /proc/self/maps",
                 source,
             })?);
         }
-        let vmas = self.vmas.as_ref().expect("opened above");
-        vmas.extent(start, end).map_err(|source| Error::Os {
+        Ok(self.vmas.as_ref().expect("opened above"))
+    }
+
+    /// The whole VMAs covering `[start, end)`, or `None` if part of it is unmapped.
+    fn widen(&mut self, start: u64, end: u64) -> Result<Option<(u64, u64)>> {
+        self.vmas()?.extent(start, end).map_err(|source| Error::Os {
             op: "PROCMAP_QUERY",
             source,
         })
@@ -380,34 +412,43 @@ pub struct Stats {
     /// `REMOVE`s in flight now.
     pub removes_in_flight: usize,
     /// Successful watch calls (`UFFDIO_REGISTER`, or the hooks' filter insertions) made by
-    /// registrations and re-arms. A registration over pages already watched, with no unmap over them since,
-    /// makes none.
+    /// registrations and re-arms (on a backend whose `Watcher::watch_persists`, a registration
+    /// over pages already watched, with no unmap over them delivered since, makes none; no
+    /// backend qualifies now).
     pub watch_calls: u64,
+    /// Watch requests userfaultfd refused because another context owns the pages (`EBUSY`),
+    /// taken by the hooks alone (hybrid backend only; raw syscalls on them are not seen).
+    pub hooks_only_watches: u64,
 }
 
+/// The core's state, shared with the backend's delivery (as its [`Sink`]).
 pub(crate) struct Shared {
     counter: CounterPage,
     ready_fd: OwnedFd,
-    stop_fd: OwnedFd,
     slots: SegVec<Slot>,
     /// The event queue: which slots have a pending event (under the index lock).
     queue: QueueBits,
     index: Mutex<IndexState>,
     registry: Mutex<Registry>,
-    /// The kernel's userfaultfd context, or the hooks' filter (see `backend::Watcher`).
-    uffd: Watcher,
+    /// What watches the pages (see `crate::backend`).
+    watcher: Box<dyn Watcher>,
+    /// The backend's pull-at-check-time probe (`None`: push only; the counter then never has
+    /// `generation::PULL`).
+    probe: Option<Box<dyn Probe>>,
     strays_pending: AtomicBool,
     messages: StdAtomicU64,
     invalidations: StdAtomicU64,
     events_read: StdAtomicU64,
-    monitor_tid: AtomicI32,
     /// Fault injection for tests: the next message makes the event path fail.
     fail_next: AtomicBool,
-    /// Set by `Drop` before it signals `stop_fd` (read by the monitor when poll itself fails).
-    stopping: AtomicBool,
     /// The message being applied hit at least one region (monitor only; see
     /// `generation::count_notification`).
     message_hit: AtomicBool,
+    /// `Registry::holes`, readable without the lock: [`Notifier::mapped`] returns at once while
+    /// it is 0. Raised before the holes are looked for (see `register_impl`).
+    holes: AtomicUsize,
+    /// The message being applied made the readiness fd readable (monitor only).
+    readied_by_message: AtomicBool,
 }
 
 /// Proof that the index lock is held, and the only way to reach slot data.
@@ -531,13 +572,7 @@ impl Locked<'_> {
         let mut queued = st.queued;
         let lost = if unmap { LOST } else { 0 };
         if unmap {
-            // The kernel's watch over the range is gone (registry's `lost`, see `register`).
-            if st.unmapped_len < UNMAPPED {
-                st.unmapped[st.unmapped_len] = (start, end);
-                st.unmapped_len += 1;
-            } else {
-                st.unmapped_overflow = true;
-            }
+            st.record_unmapped(start, end);
         }
         st.tree
             .for_each_overlap(&SlotNodes(slots), start, end, |id| {
@@ -594,46 +629,6 @@ impl Shared {
         self.counter.word()
     }
 
-    /// The monitor's step 5 for one message (see `crate::generation`). Event path.
-    pub(crate) fn apply(&self, inv: Invalidation) {
-        self.messages.fetch_add(1, Relaxed);
-        if self.fail_next.swap(false, Relaxed) {
-            panic!("injected event-path failure");
-        }
-        let mut l = self.lock_index();
-        let (newly, hits) = match inv {
-            Invalidation::Unmap { start, end } => {
-                let tail = l.st.last_remap == (start, end);
-                l.st.last_remap = (0, 0);
-                l.invalidate(start, end, true, tail)
-            }
-            Invalidation::Remove { start, end } => l.invalidate(start, end, false, false),
-            Invalidation::Remap { from, to, len } => {
-                let end = from.saturating_add(len);
-                l.st.last_remap = (from, end);
-                if l.st.stray_len < STRAYS {
-                    let i = l.st.stray_len;
-                    l.st.strays[i] = (to, to.saturating_add(len));
-                    l.st.stray_len += 1;
-                } else {
-                    l.st.stray_overflow += 1;
-                }
-                self.strays_pending.store(true, Release);
-                // MREMAP_DONTUNMAP leaves the old range mapped but the watch moved: treat the old
-                // range as having lost coverage.
-                l.invalidate(from, end, true, false)
-            }
-            Invalidation::Other => (false, 0),
-        };
-        self.invalidations.fetch_add(hits, Relaxed);
-        if hits > 0 {
-            self.message_hit.store(true, Relaxed);
-        }
-        if newly {
-            self.signal_ready(&mut l);
-        }
-    }
-
     /// Makes the readiness fd readable if it is not (index lock held).
     fn signal_ready(&self, l: &mut Locked<'_>) {
         if !l.st.ready {
@@ -642,65 +637,12 @@ impl Shared {
         }
     }
 
-    /// Monitor steps 2–3: busy and readable together, under the index lock, right before the
-    /// read(). Taking the lock here is safe: no holder can be blocked waiting for us (holders
-    /// never unmap, free or allocate, and run with signals blocked).
-    pub(crate) fn begin_message(&self) {
-        let mut l = self.lock_index();
-        generation::begin_message(self.counter());
-        generation::count_notification(self.counter.notification_word());
-        self.signal_ready(&mut l);
-    }
-
-    /// Monitor, right after reading a `REMOVE` and before applying it: the range is in flight
-    /// until its sender is known to have zapped (`crate::inflight`). Event path: no allocation,
-    /// no syscall but the vDSO clock, the index lock only.
-    pub(crate) fn record_remove(&self, start: u64, end: u64) {
-        let mut l = self.lock_index();
-        l.st.inflight.sweep();
-        l.st.inflight.record(start, end);
-    }
-
-    /// Monitor step 6 (the notification count settled first).
-    pub(crate) fn end_message(&self) {
-        let hit = self.message_hit.swap(false, Relaxed);
-        generation::settle_notification(self.counter.notification_word(), hit);
-        generation::end_message(self.counter());
-    }
-
-    /// The monitor can not continue: every check fails from now on.
-    pub(crate) fn kill(&self) {
-        generation::kill(self.counter());
-        generation::kill(self.counter.notification_word());
-        sys::eventfd_signal(self.ready_fd.as_fd());
-    }
-
-    pub(crate) fn uffd_fd(&self) -> BorrowedFd<'_> {
-        self.uffd.fd()
-    }
-
-    /// The monitor is exiting: close the context (see `Uffd::close_from_monitor`).
-    pub(crate) fn close_uffd(&self) {
-        self.uffd.close_from_monitor();
-    }
-
-    pub(crate) fn stop_fd(&self) -> BorrowedFd<'_> {
-        self.stop_fd.as_fd()
-    }
-
-    /// Whether the notifier is being dropped.
-    pub(crate) fn stopping(&self) -> bool {
-        self.stopping.load(SeqCst)
-    }
-
-    pub(crate) fn set_monitor_tid(&self, tid: i32) {
-        crate::inflight::note_monitor(tid);
-        self.monitor_tid.store(tid, SeqCst);
-    }
-
-    /// The monitor's tid; 0 until its thread runs.
-    pub(crate) fn monitor_tid(&self) -> i32 {
-        self.monitor_tid.load(SeqCst)
+    /// A pull backend's probe, run before a check (see `generation::PULL`).
+    #[cold]
+    fn pull(&self) {
+        if let Some(p) = &self.probe {
+            p.pull(self);
+        }
     }
 
     fn alive(&self) -> Result<()> {
@@ -723,7 +665,7 @@ impl Shared {
     /// re-mapped addresses), and a `Remap` applied late would leave its moved watch for a later
     /// call to clean up.
     fn settle(&self, reg: &mut Registry) -> Result<()> {
-        if generation::wait_idle(self.counter()).is_err() {
+        if generation::wait_idle_pulled(self.counter(), || self.pull()).is_err() {
             return self.alive();
         }
         if self.strays_pending.swap(false, Acquire) {
@@ -745,7 +687,7 @@ impl Shared {
         for &(s, e) in &strays[..n] {
             for (us, ue) in reg.coverage.uncovered(s, e) {
                 // The range may be partly unmapped by now; nothing to undo then.
-                let _ = self.uffd.unwatch(us, ue);
+                self.watcher.unwatch(us, ue);
             }
         }
     }
@@ -783,7 +725,8 @@ impl Shared {
             + (crate::inflight::STUCK_GRACE.as_nanos() as u64).saturating_mul(2);
         let mut round = 0;
         loop {
-            let unresolved = {
+            let mut workers = [0i32; crate::inflight::WORKERS];
+            let (unresolved, n_workers) = {
                 let mut l = self.lock_index_blocked();
                 if l.st.inflight.is_empty() {
                     return;
@@ -792,7 +735,10 @@ impl Shared {
                 if done(&l, reg, start) {
                     return;
                 }
-                l.st.inflight.unresolved(range.0, range.1)
+                (
+                    l.st.inflight.unresolved(range.0, range.1),
+                    l.st.inflight.workers(range.0, range.1, &mut workers),
+                )
             };
             if unresolved {
                 // Scan after reading the horizon: every entry up to it was read before the scan
@@ -807,10 +753,78 @@ impl Shared {
                 outbox.send();
                 continue;
             }
+            if n_workers > 0 {
+                // Busy io_uring workers run no handler: look whether they went idle since.
+                let horizon = InFlight::horizon();
+                let mut idle = [0i32; crate::inflight::WORKERS];
+                let mut n_idle = 0;
+                for &w in &workers[..n_workers] {
+                    if reg.scanner.worker_idle(w) {
+                        idle[n_idle] = w;
+                        n_idle += 1;
+                    }
+                }
+                if n_idle > 0 {
+                    let mut l = self.lock_index_blocked();
+                    for &w in &idle[..n_idle] {
+                        l.st.inflight.worker_idle(w, horizon);
+                    }
+                    continue;
+                }
+            }
             if crate::inflight::now_ns() > limit {
                 return;
             }
             crate::primitive::backoff(&mut round);
+        }
+    }
+
+    /// Watches the mapped parts of the page range `[start, end)` (registry lock held). Returns
+    /// whether they covered it (no hole); a part unmapped while this runs counts as a hole. No
+    /// allocation where `PROCMAP_QUERY` works (it runs inside the 2010 preload's `mmap`).
+    fn watch_mapped_parts(&self, budget: &mut WatchBudget, start: u64, end: u64) -> Result<bool> {
+        // The common case, all mapped: one check and one watch, as `register` (the VMA walk
+        // reads all of /proc/self/maps per call where PROCMAP_QUERY is missing, Linux < 6.11).
+        let whole = Span {
+            start,
+            end,
+            watch_start: start,
+            watch_end: end,
+        };
+        match self.watch(&whole) {
+            Ok(()) if matches!(sys::is_mapped(start as usize, end as usize), Ok(true)) => {
+                return Ok(true)
+            }
+            Ok(()) | Err(Error::Unmapped) => {}
+            Err(e) => return Err(e),
+        }
+        let mut first_err = None;
+        let mut raced = false;
+        let whole = budget
+            .vmas()?
+            .for_each_mapped(start, end, |s, e| {
+                if first_err.is_some() {
+                    return;
+                }
+                let part = Span {
+                    start: s,
+                    end: e,
+                    watch_start: s,
+                    watch_end: e,
+                };
+                match self.watch(&part) {
+                    Ok(()) => {}
+                    Err(Error::Unmapped) => raced = true,
+                    Err(e) => first_err = Some(e),
+                }
+            })
+            .map_err(|source| Error::Os {
+                op: "PROCMAP_QUERY",
+                source,
+            })?;
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(whole && !raced),
         }
     }
 
@@ -821,26 +835,9 @@ impl Shared {
         if unmapped() {
             return Err(Error::Unmapped);
         }
-        self.uffd.watch(s, e).map_err(|err| {
-            if unmapped() {
-                Error::Unmapped
-            } else {
-                watch_error(err)
-            }
-        })
-    }
-}
-
-/// Maps a refused `UFFDIO_REGISTER` on a mapped range to a typed error.
-fn watch_error(e: io::Error) -> Error {
-    match e.raw_os_error() {
-        Some(libc::EBUSY) => Error::RangeBusy,
-        Some(libc::ENOMEM) => Error::CoverageLimit(e),
-        Some(libc::EINVAL) | Some(libc::EPERM) => Error::UnsupportedMapping(e),
-        _ => Error::Os {
-            op: "UFFDIO_REGISTER",
-            source: e,
-        },
+        self.watcher
+            .watch(s, e)
+            .map_err(|err| if unmapped() { Error::Unmapped } else { err })
     }
 }
 
@@ -883,11 +880,9 @@ pub struct ReadEvents {
 /// `Sync`: share it by reference or in an `Arc`.
 pub struct Notifier {
     shared: Arc<Shared>,
-    monitor: Option<JoinHandle<()>>,
+    /// The backend delivering into `shared` (stopped by `Drop`).
+    delivery: Option<Box<dyn Delivery>>,
     fork_slot: fork::Slot,
-    /// The hooks backend's entry in the sink table (`None` on userfaultfd); held for its `Drop`.
-    #[allow(dead_code)]
-    hooks_sink: Option<hooks::Sink>,
     /// The backend that runs, and why it was chosen.
     backend: (Backend, String),
 }
@@ -918,19 +913,17 @@ impl Notifier {
     /// # Errors
     /// [`Error::Unsupported`] naming why that backend can not start here.
     pub fn with_backend(backend: Backend) -> Result<Notifier> {
-        let (uffd, chosen, reason) = crate::backend::open(backend).map_err(Error::Unsupported)?;
-        Notifier::start(uffd, (chosen, reason))
+        let (watcher, chosen, reason) = backend::open(backend).map_err(Error::Unsupported)?;
+        Notifier::start(watcher, (chosen, reason))
     }
 
-    fn start(uffd: Watcher, backend: (Backend, String)) -> Result<Notifier> {
+    pub(crate) fn start(watcher: Box<dyn Watcher>, backend: (Backend, String)) -> Result<Notifier> {
         let os = |op| move |source| Error::Os { op, source };
         let counter = CounterPage::new().map_err(os("memfd_create"))?;
         let ready_fd = sys::eventfd().map_err(os("eventfd"))?;
-        let stop_fd = sys::eventfd().map_err(os("eventfd"))?;
         let shared = Arc::new(Shared {
             counter,
             ready_fd,
-            stop_fd,
             slots: SegVec::new(),
             queue: QueueBits::new(),
             index: Mutex::new(IndexState {
@@ -953,49 +946,44 @@ impl Notifier {
                 coverage: Coverage::new(),
                 free: Vec::new(),
                 next_slot: 0,
-                budget: match uffd {
-                    // Hooks watch pages in their own filter, which splits no VMA: never widen.
-                    Watcher::Hooks(_) => WatchBudget {
+                budget: if watcher.splits_vmas() {
+                    WatchBudget::new()
+                } else {
+                    // Watches split no VMA (the hooks' own filter): never widen.
+                    WatchBudget {
                         limit: usize::MAX / 4,
                         ..WatchBudget::new()
-                    },
-                    Watcher::Uffd(_) => WatchBudget::new(),
+                    }
                 },
                 scanner: Scanner::new(),
                 lost: LostRanges::default(),
                 watch_calls: 0,
+                holes: 0,
             }),
-            uffd,
+            probe: watcher.probe(),
+            watcher,
             strays_pending: AtomicBool::new(false),
             messages: StdAtomicU64::new(0),
             invalidations: StdAtomicU64::new(0),
             events_read: StdAtomicU64::new(0),
-            monitor_tid: AtomicI32::new(0),
             fail_next: AtomicBool::new(false),
-            stopping: AtomicBool::new(false),
             message_hit: AtomicBool::new(false),
+            holes: AtomicUsize::new(0),
+            readied_by_message: AtomicBool::new(false),
         });
         let fork_slot = fork::Slot::new(shared.counter.addr()).ok_or(Error::Os {
             op: "fork registration",
             source: io::Error::other("too many live notifiers in this process"),
         })?;
-        let (monitor, hooks_sink) = if backend.0 == Backend::Hooks {
-            let sink = hooks::Sink::publish(shared.clone()).ok_or(Error::Os {
-                op: "hooks registration",
-                source: io::Error::other("too many live hooks notifiers in this process"),
-            })?;
-            (None, Some(sink))
-        } else {
-            // REMOVE in flight: the signal that tells a remover is back in user space.
-            crate::inflight::install();
-            let m = uffd::monitor::spawn(shared.clone()).map_err(os("spawn monitor thread"))?;
-            (Some(m), None)
-        };
+        if shared.probe.is_some() {
+            // Every check pulls first (see `generation::PULL`).
+            shared.counter().fetch_or(generation::PULL, SeqCst);
+        }
+        let delivery = shared.watcher.deliver(shared.clone())?;
         Ok(Notifier {
             shared,
-            monitor,
+            delivery: Some(delivery),
             fork_slot,
-            hooks_sink,
             backend,
         })
     }
@@ -1015,7 +1003,7 @@ impl Notifier {
     /// diagnostics; not part of the stable API.
     #[doc(hidden)]
     pub fn hooked_calls() -> usize {
-        hooks::hooked_calls()
+        backend::hooked_calls()
     }
 
     /// Registers `range` under `cookie` and starts watching it.
@@ -1023,11 +1011,133 @@ impl Notifier {
     /// The range is rounded out to pages for watching; events report it as given. Overlapping
     /// and duplicate ranges are fine; cookies must be unique.
     ///
+    /// Every page of the range must be mapped: a hole is [`Error::Unmapped`], because a native
+    /// caller registers memory it is about to use, and a range that is not there is a bug to
+    /// report, not to watch. [`register_any`](Self::register_any) accepts holes.
+    ///
     /// # Errors
     /// [`Error::EmptyRange`], [`Error::WrappingRange`], [`Error::Unmapped`],
     /// [`Error::DuplicateCookie`], [`Error::RangeBusy`], [`Error::CoverageLimit`],
     /// [`Error::UnsupportedMapping`]; the notifier is unchanged after any of them.
     pub fn register(&self, range: Range<usize>, cookie: Cookie) -> Result<Region> {
+        self.register_impl(range, cookie, false)
+    }
+
+    /// Registers `range` under `cookie` whether or not it is mapped, as the 2010 device did.
+    ///
+    /// The mapped parts are watched at once. Memory mapped later inside the range is watched
+    /// from the moment [`mapped`](Self::mapped) is told of it (the 2010 preload tells it of every
+    /// `mmap`, `mremap`, `shmat` and `brk` it sees); memory mapped there by a call nobody
+    /// announces (a raw `mmap` syscall, glibc's internal `mmap` in `malloc`) is not watched,
+    /// because the kernel gives userfaultfd no event for a new mapping.
+    ///
+    /// The token is valid from now on: a hole being filled is not an invalidation (nothing was
+    /// there to invalidate), and re-arming the region (reading its event) while some of its
+    /// pages are unmapped makes it valid again too, watching what is mapped then. So a token of
+    /// such a region says "nothing that was mapped when the token was taken has changed", not
+    /// "the range is mapped".
+    ///
+    /// ```
+    /// # use ummunotify::{Cookie, Notifier};
+    /// # fn main() -> Result<(), ummunotify::Error> {
+    /// let n = Notifier::new()?;
+    /// let page = 4096;
+    /// // Reserve an address, then leave a hole there.
+    /// // SAFETY: a fresh anonymous mapping, then its unmapping.
+    /// let p = unsafe {
+    ///     let p = libc::mmap(std::ptr::null_mut(), page, libc::PROT_READ | libc::PROT_WRITE,
+    ///                        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0);
+    ///     libc::munmap(p, page);
+    ///     p as usize
+    /// };
+    /// let r = n.register_any(p..p + page, Cookie(1))?; // a plain `register` is `Unmapped`
+    /// assert!(n.is_valid(r));
+    /// // SAFETY: maps into the hole we made.
+    /// unsafe {
+    ///     libc::mmap(p as *mut libc::c_void, page, libc::PROT_READ | libc::PROT_WRITE,
+    ///                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE, -1, 0);
+    /// }
+    /// n.mapped(p..p + page)?; // watched from here on
+    /// // SAFETY: unmaps our own page.
+    /// unsafe { libc::munmap(p as *mut libc::c_void, page) };
+    /// assert!(!n.is_valid(r));
+    /// assert_eq!(n.events()?.len(), 1);
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`register`](Self::register), without [`Error::Unmapped`]; a mapped part that can not
+    /// be watched ([`Error::RangeBusy`], [`Error::UnsupportedMapping`], ...) still fails the whole
+    /// call, with the notifier unchanged.
+    pub fn register_any(&self, range: Range<usize>, cookie: Cookie) -> Result<Region> {
+        self.register_impl(range, cookie, true)
+    }
+
+    /// Tells the notifier that `range` was just mapped (by `mmap`, the target of `mremap`,
+    /// `shmat`, `brk` growth): the pages of it that lie in a registered region and were not
+    /// mapped when that region was last watched are watched from now on. Call it after the
+    /// mapping call returned and before the memory is used. Costs one atomic load while no
+    /// region has unmapped pages; otherwise the registry lock, and a `PROCMAP_QUERY` and a
+    /// `UFFDIO_REGISTER` per mapped VMA part of the range's registered pages (none for memory
+    /// outside every region).
+    ///
+    /// Regions with holes come from [`register_any`](Self::register_any) and from re-arming a
+    /// region while some of its pages are unmapped (see [`read_events`](Self::read_events)).
+    ///
+    /// # Errors
+    /// [`Error::Forked`], [`Error::MonitorDead`]; a part that can not be watched is left
+    /// unwatched (a later invalidation of it is missed, as for memory nobody announced).
+    pub fn mapped(&self, range: Range<usize>) -> Result<()> {
+        let sh = &*self.shared;
+        if sh.holes.load(SeqCst) == 0 || range.end <= range.start {
+            return Ok(());
+        }
+        sh.alive()?;
+        let page = sys::page_size() as u64;
+        let start = range.start as u64 & !(page - 1);
+        let end = (range.end as u64).saturating_add(page - 1) & !(page - 1);
+        let mut reg = sh.lock_registry();
+        sh.settle(&mut reg)?;
+        // Every page of the range some region counts: the holes' pages, and pages of regions
+        // whose watch went with an unmap (pending; watching them now only adds what their
+        // re-arm would watch anyway). No page outside every region is watched.
+        let Registry {
+            coverage, budget, ..
+        } = &mut *reg;
+        coverage.for_each_covered(start, end, |s, e| {
+            let _ = sh.watch_mapped_parts(budget, s, e);
+        });
+        Ok(())
+    }
+
+    /// Makes room for `regions` registered regions now (the slot table and the cookie map), so
+    /// that registering up to that many allocates and maps nothing. The 2010 preload reserves
+    /// when the device is opened: otherwise the first registration maps the slot table, and the
+    /// kernel may put it in the hole the program just made and is registering (the device
+    /// mapped nothing in the program's address space).
+    ///
+    /// # Errors
+    /// [`Error::Forked`], [`Error::MonitorDead`].
+    pub fn reserve(&self, regions: usize) -> Result<()> {
+        let sh = &*self.shared;
+        sh.alive()?;
+        let mut reg = sh.lock_registry();
+        let more = regions.saturating_sub(reg.cookies.len());
+        reg.cookies.reserve(more, |id| sh.cookie_of(id));
+        reg.free.reserve(more);
+        while sh.slots.capacity() < regions.min(u32::MAX as usize) {
+            if !sh.slots.grow_zeroed() && sh.slots.capacity() < regions {
+                break; // every segment installed
+            }
+        }
+        if let Some(last) = regions.min(u32::MAX as usize).checked_sub(1) {
+            sh.queue.reserve(last as u32);
+        }
+        Ok(())
+    }
+
+    fn register_impl(&self, range: Range<usize>, cookie: Cookie, any: bool) -> Result<Region> {
         let mut span = Span::new(range, sys::page_size())?;
         let sh = &*self.shared;
         sh.alive()?;
@@ -1044,13 +1154,15 @@ impl Notifier {
         if !reg.budget.allows_exact(segments) {
             match reg.budget.widen(span.watch_start, span.watch_end)? {
                 Some((s, e)) => (span.watch_start, span.watch_end) = (s, e),
+                None if any => {} // holes: watch the mapped parts exactly
                 None => return Err(Error::Unmapped),
             }
         }
         // Already watched: every page is counted in the coverage (so watched by a registration
-        // that succeeded) and no unmap took a watch over them since. Such a registration makes no
-        // watch call (issue 12: a cache miss over watched pages makes no syscall for the watch).
-        let watched = matches!(sh.uffd, Watcher::Uffd(_))
+        // that succeeded) and no unmap of them was delivered since. Such a registration makes no
+        // watch call, on a backend that promises the watch is still there then (none does now:
+        // see `Watcher::watch_persists`).
+        let watched = sh.watcher.watch_persists()
             && reg
                 .coverage
                 .uncovered(span.watch_start, span.watch_end)
@@ -1076,6 +1188,10 @@ impl Notifier {
         // The pages that went from 0 to 1 are not needed: the whole range is watched below (see
         // there why), and a rollback's `remove` returns exactly what this added.
         reg.coverage.add(span.watch_start, span.watch_end);
+        if any {
+            reg.holes += 1;
+            sh.holes.store(reg.holes, SeqCst);
+        }
         let mut unmapped = [(0u64, 0u64); UNMAPPED];
         let (token, n_unmapped, overflow) = {
             let mut l = sh.lock_index_blocked();
@@ -1089,7 +1205,9 @@ impl Notifier {
             let expected = valid_word(serial_of(slot.word.load(Relaxed)) + 1);
             let node = l.node_mut(id);
             *node = Node::new(span.start, span.end);
-            node.set_tag(tag);
+            // Holes counted before they are looked for (below): a racing `mapped` that finds the
+            // count 0 announced memory that the look will find mapped.
+            node.set_tag(tag | if any { ANY_RANGE | HOLES } else { 0 });
             slot.word.store(expected, Release);
             let Locked { st, slots, .. } = &mut l.locked;
             st.tree.insert(&mut SlotNodes(slots), id);
@@ -1101,15 +1219,38 @@ impl Notifier {
             }
             (Region { slot: id, expected }, n, overflow)
         };
-        if overflow {
+        // Kept only where a registration may skip its watch (allocating nothing otherwise).
+        let keep_lost = sh.watcher.watch_persists();
+        if keep_lost && overflow {
             reg.lost.insert(0, u64::MAX);
         }
-        for &(s, e) in &unmapped[..n_unmapped] {
+        for &(s, e) in &unmapped[..if keep_lost { n_unmapped } else { 0 }] {
             reg.lost.insert(s & !(sys::page_size() as u64 - 1), e);
         }
-        // Unless already watched, watch the whole page range, even parts already covered: a watch
-        // lost with an unmap may have been replaced by a new mapping since (watching is idempotent).
-        if !watched || reg.lost.overlaps(span.watch_start, span.watch_end) {
+        if any {
+            // The region is in the index and counted in `holes` already: memory a racing
+            // `mapped` announces is found either by the look below or, after this call (it
+            // waits for the registry lock), by `mapped` itself.
+            let Registry { budget, .. } = &mut *reg;
+            match sh.watch_mapped_parts(budget, span.watch_start, span.watch_end) {
+                Ok(true) => {
+                    self.clear_holes(&mut reg, id);
+                    reg.lost.remove(span.watch_start, span.watch_end);
+                }
+                // Holes: counted in the coverage but not watched, so a later registration over
+                // them must watch (memory may be mapped there by then, announced or not).
+                Ok(false) if keep_lost => reg.lost.insert(span.watch_start, span.watch_end),
+                Ok(false) => {}
+                Err(e) => {
+                    self.remove_slot(&mut reg, id, &span);
+                    return Err(e);
+                }
+            }
+            reg.watch_calls += 1;
+        } else if !watched || reg.lost.overlaps(span.watch_start, span.watch_end) {
+            // Unless already watched, watch the whole page range, even parts already covered: a
+            // watch lost with an unmap may have been replaced by a new mapping since (watching is
+            // idempotent).
             if let Err(e) = sh.watch(&span) {
                 self.remove_slot(&mut reg, id, &span);
                 return Err(e);
@@ -1139,28 +1280,59 @@ impl Notifier {
         Ok(token)
     }
 
+    /// Region `id` has no holes (any more): uncount it (registry lock held).
+    fn clear_holes(&self, reg: &mut Registry, id: u32) {
+        let had = {
+            let l = self.shared.lock_index_blocked();
+            let node = l.node_mut(id);
+            let t = node.tag();
+            node.set_tag(t & !HOLES);
+            t & HOLES != 0
+        };
+        if had {
+            reg.holes -= 1;
+            self.shared.holes.store(reg.holes, SeqCst);
+        }
+    }
+
+    /// Region `id` may have holes: count it, before they are looked for (registry lock held).
+    fn mark_holes(&self, reg: &mut Registry, id: u32) {
+        let had = {
+            let l = self.shared.lock_index_blocked();
+            let node = l.node_mut(id);
+            let t = node.tag();
+            node.set_tag(t | HOLES);
+            t & HOLES != 0
+        };
+        if !had {
+            reg.holes += 1;
+            self.shared.holes.store(reg.holes, SeqCst);
+        }
+    }
+
     /// Undoes the index and coverage part of a registration (registry lock held).
     fn remove_slot(&self, reg: &mut Registry, id: u32, span: &Span) {
         let sh = &*self.shared;
-        let tag = {
+        self.clear_holes(reg, id);
+        let kind = {
             let mut l = sh.lock_index_blocked();
             let Locked { st, slots, .. } = &mut l.locked;
             st.tree.remove(&mut SlotNodes(slots), id);
             l.dequeue(id);
             let node = l.node_mut(id);
-            let tag = node.tag();
+            let kind = node.tag() & KIND;
             node.set_tag(0);
             let slot = l.slot(id);
             let dead = valid_word(serial_of(slot.word.load(Relaxed)) + 1) | INVALID;
             slot.word.store(dead, Release);
-            tag
+            kind
         };
-        if tag >= WIDE {
-            reg.wide.release(tag);
+        if kind >= WIDE {
+            reg.wide.release(kind);
         }
         for (s, e) in reg.coverage.remove(span.watch_start, span.watch_end) {
             // Parts may be unmapped already; the kernel dropped those watches itself.
-            let _ = sh.uffd.unwatch(s, e);
+            sh.watcher.unwatch(s, e);
             reg.lost.remove(s, e);
         }
     }
@@ -1212,7 +1384,8 @@ impl Notifier {
     pub fn is_valid(&self, region: Region) -> bool {
         match self.shared.slots.get(region.slot) {
             Some(slot) => {
-                generation::region_valid(self.shared.counter(), &slot.word, region.expected)
+                let sh = &*self.shared;
+                generation::region_valid(sh.counter(), &slot.word, region.expected, || sh.pull())
             }
             None => false,
         }
@@ -1223,7 +1396,7 @@ impl Notifier {
     /// # Errors
     /// [`Error::Forked`], [`Error::MonitorDead`].
     pub fn generation(&self) -> Result<Generation> {
-        match generation::wait_idle(self.shared.counter()) {
+        match generation::wait_idle_pulled(self.shared.counter(), || self.shared.pull()) {
             Ok(c) => Ok(Generation(c)),
             Err(_) => self.shared.alive().map(|_| unreachable!("dead counter")),
         }
@@ -1233,12 +1406,25 @@ impl Notifier {
     /// dequeued since `snapshot` was taken (and the notifier is alive). When false, read events.
     #[inline]
     pub fn unchanged_since(&self, snapshot: Generation) -> bool {
-        generation::unchanged(self.shared.counter(), snapshot)
+        generation::unchanged(self.shared.counter(), snapshot, || self.shared.pull())
     }
 
     /// The live counter word (what the C API hands out as `const volatile uint64_t *`).
+    ///
+    /// On a backend that delivers by pull the word carries bit 61 for good, and comparing it
+    /// alone misses what the backend has not delivered yet: call
+    /// [`refreshed_counter`](Self::refreshed_counter) when that bit is set.
     pub fn counter(&self) -> &AtomicU64 {
         self.shared.counter()
+    }
+
+    /// The counter after the backend delivered everything it recorded (a pull backend's probe
+    /// runs; on push backends this is just a load). Not part of the stable API.
+    #[doc(hidden)]
+    #[cold]
+    pub fn refreshed_counter(&self) -> u64 {
+        self.shared.pull();
+        self.shared.counter().load(Acquire)
     }
 
     /// A memfd whose first 8 bytes are the live counter: map it `PROT_READ, MAP_SHARED` to get
@@ -1285,15 +1471,23 @@ impl Notifier {
     /// Moves pending events to the front of `buf` (re-arming their regions) and reports whether
     /// the queue was drained, with the counter at that moment.
     ///
+    /// Re-arming a region whose pages were unmapped watches them again where they are mapped now.
+    /// What its token means when some are not (holes): a [`register`](Self::register) region
+    /// keeps reading invalid (the memory it was registered for is gone) until a later re-arm
+    /// finds all its pages mapped; a [`register_any`](Self::register_any) region reads valid
+    /// (nothing mapped there changed since). Either way the region is never deaf: memory mapped
+    /// into its holes and announced with [`mapped`](Self::mapped) is watched, and its next
+    /// invalidation is an event.
+    ///
     /// # Errors
     /// [`Error::Forked`], [`Error::MonitorDead`].
     pub fn read_events(&self, buf: &mut [Event]) -> Result<ReadEvents> {
         let sh = &*self.shared;
         sh.alive()?;
         let mut reg = sh.lock_registry();
-        sh.settle(&mut reg)?;
-        // Regions whose REMOVE is still in flight are re-armed only after its zap: wait for
-        // that (bounded) rather than hand out their event again and again.
+        sh.settle(&mut reg)?; // pulls first on a pull backend
+                              // Regions whose REMOVE is still in flight are re-armed only after its zap: wait for
+                              // that (bounded) rather than hand out their event again and again.
         sh.wait_inflight_until(
             &mut reg,
             |l, reg, h| !l.queued_in_flight(&reg.wide, h),
@@ -1375,7 +1569,14 @@ impl Notifier {
     }
 
     /// Re-arms a region whose watch was lost with an unmap: watch its pages again, then make it
-    /// valid if nothing hit it meanwhile. A region whose pages are not all mapped stays invalid.
+    /// valid if nothing hit it meanwhile.
+    ///
+    /// Pages not mapped now are holes: the region goes into `holes`, so memory mapped there
+    /// later and announced through [`mapped`](Self::mapped) is watched and its invalidation
+    /// reported (no deaf region). A [`register_any`](Self::register_any) region becomes valid
+    /// anyway (as registering it now would make it); a [`register`](Self::register) region
+    /// stays invalid and keeps its watch marked lost, so every later re-arm looks again and the
+    /// first one that finds all its pages mapped makes it valid.
     fn recover(&self, reg: &mut Registry, id: u32, serial: u64, span: &Span) {
         let sh = &*self.shared;
         let mut rewatch = *span;
@@ -1389,23 +1590,36 @@ impl Notifier {
                     rewatch.watch_start = s.max(span.watch_start);
                     rewatch.watch_end = e.min(span.watch_end);
                 }
-                _ => return,
+                // Holes: the mapped parts of its own pages, exactly.
+                Ok(None) => (rewatch.watch_start, rewatch.watch_end) = own,
+                Err(_) => return,
             }
         }
-        if sh.watch(&rewatch).is_err() {
-            return;
+        // Counted before the holes are looked for (see `register_impl`).
+        self.mark_holes(reg, id);
+        let Registry { budget, .. } = &mut *reg;
+        let whole = match sh.watch_mapped_parts(budget, rewatch.watch_start, rewatch.watch_end) {
+            Ok(whole) => whole,
+            Err(_) => return, // stays invalid, its watch lost: the next re-arm tries again
+        };
+        // (Holes here were unmapped with the region's watch: the event path's unmapped ring has
+        // them, so `lost` will.)
+        if whole {
+            self.clear_holes(reg, id);
         }
         reg.watch_calls += 1;
         let mut l = sh.lock_index_blocked();
         l.st.inflight.sweep();
         let w = l.slot(id).word.load(Relaxed);
-        if serial_of(w) == serial && l.node(id).tag() != 0 && w & PENDING == 0 {
+        if serial_of(w) == serial && l.node(id).tag() & KIND != 0 && w & PENDING == 0 {
             if l.st.inflight.overlaps(span.watch_start, span.watch_end) {
                 l.hold_invalid(id);
                 sh.signal_ready(&mut l);
                 return;
             }
-            l.slot(id).word.store(valid_word(serial + 1), Release);
+            if whole || l.node(id).tag() & ANY_RANGE != 0 {
+                l.slot(id).word.store(valid_word(serial + 1), Release);
+            }
         }
     }
 
@@ -1461,6 +1675,7 @@ impl Notifier {
             removes_by_grace: inflight.1,
             removes_in_flight: inflight.2,
             watch_calls,
+            hooks_only_watches: sh.watcher.hooks_only(),
         }
     }
 
@@ -1483,13 +1698,16 @@ impl Notifier {
     /// The kernel thread id of the monitor (running before `new` returned), for diagnostics and tests
     /// (for example, to check that it never allocates).
     pub fn monitor_tid(&self) -> i32 {
-        self.shared.monitor_tid()
+        self.delivery.as_ref().map_or(0, |d| d.monitor_tid())
     }
 }
 
 impl AsFd for Notifier {
     /// Readable while events are pending — and already while the monitor is taking a message, so
-    /// a `poll` with timeout 0 right after an unmapping call returned sees it.
+    /// a `poll` with timeout 0 right after an unmapping call returned sees it. On userfaultfd the
+    /// process's one context hands every notifier every message: a notifier with regions is
+    /// readable while any message is being taken, and the readiness is withdrawn again when the
+    /// message hit none of its regions (a `read_events` in between finds nothing).
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.shared.ready_fd.as_fd()
     }
@@ -1507,33 +1725,104 @@ impl Drop for Notifier {
     fn drop(&mut self) {
         self.fork_slot.release();
         let forked = self.shared.counter().load(SeqCst) & FORKED != 0;
-        let Some(monitor) = self.monitor.take() else {
-            return;
-        };
-        if forked {
-            // The monitor thread does not exist in a child; joining it would never return.
-            std::mem::forget(monitor);
-            return;
+        if let Some(d) = self.delivery.take() {
+            d.stop(forked);
         }
-        self.shared.stopping.store(true, SeqCst);
-        sys::eventfd_signal(self.shared.stop_fd());
-        let _ = monitor.join();
-        crate::inflight::forget_monitor(self.shared.monitor_tid.load(SeqCst));
     }
 }
 
-impl Shared {
-    /// The hooks backend's event path: applies an invalidation of `[start, end)` in the calling
-    /// thread, with the monitor's steps 2–5 under one hold of the index lock (so the counter is
-    /// odd only while that lock is held, as with one monitor). The caller has blocked every
-    /// signal (a handler must never run while this thread holds the index lock). Does
-    /// nothing, and leaves the counter alone, when no region overlaps the range. Never
-    /// allocates, frees, unmaps or calls a patched libc function (see `backend::hooks`).
+/// The core's side of the seam: what backends deliver into (`crate::sink`). Event path: none
+/// of these allocates, frees, unmaps or logs; they take only the index lock.
+impl Sink for Shared {
+    /// Monitor steps 2–3: busy and readable together, under the index lock, right before the
+    /// read(). Taking the lock here is safe: no holder can be blocked waiting for us (holders
+    /// never unmap, free or allocate, and run with signals blocked).
+    fn begin(&self) {
+        let mut l = self.lock_index();
+        generation::begin_message(self.counter());
+        generation::count_notification(self.counter.notification_word());
+        // With no region registered, no event can be owed to a call that returned: a region
+        // registered while this message is applied gets its readiness from `apply`. (The
+        // process's context hands every notifier every message: idle ones stay quiet.)
+        let owed = !l.st.tree.is_empty();
+        self.readied_by_message.store(owed && !l.st.ready, Relaxed);
+        if owed {
+            self.signal_ready(&mut l);
+        }
+    }
+
+    /// The monitor's step 5 for one message (see `crate::generation`).
+    fn apply(&self, inv: Invalidation) {
+        self.messages.fetch_add(1, Relaxed);
+        if self.fail_next.swap(false, Relaxed) {
+            panic!("injected event-path failure");
+        }
+        let mut l = self.lock_index();
+        // An mremap move sends its `Remap` and, as the very next message of that call, the
+        // `Unmap` of the old range. Only that next message pairs: a `Remap` of
+        // `MREMAP_DONTUNMAP` has no `Unmap`, and any message in between (a `REMOVE`, another
+        // call's `Unmap`) ends the pairing, so a later genuine unmap of the same range is never
+        // taken for the tail of an earlier mremap (which would keep a stale hint).
+        let last_remap = std::mem::take(&mut l.st.last_remap);
+        let (newly, hits) = match inv {
+            Invalidation::Unmap { start, end } => {
+                let tail = last_remap == (start, end);
+                l.invalidate(start, end, true, tail)
+            }
+            Invalidation::Remove { start, end } => l.invalidate(start, end, false, false),
+            Invalidation::Remap { from, to, len } => {
+                let end = from.saturating_add(len);
+                l.st.last_remap = (from, end);
+                if l.st.stray_len < STRAYS {
+                    let i = l.st.stray_len;
+                    l.st.strays[i] = (to, to.saturating_add(len));
+                    l.st.stray_len += 1;
+                } else {
+                    l.st.stray_overflow += 1;
+                }
+                self.strays_pending.store(true, Release);
+                // MREMAP_DONTUNMAP leaves the old range mapped but the watch moved: treat the old
+                // range as having lost coverage.
+                l.invalidate(from, end, true, false)
+            }
+            Invalidation::Other => (false, 0),
+        };
+        self.invalidations.fetch_add(hits, Relaxed);
+        if hits > 0 {
+            self.message_hit.store(true, Relaxed);
+        }
+        if newly {
+            self.signal_ready(&mut l);
+        }
+    }
+
+    /// Monitor step 6 (the notification count settled first).
     ///
-    /// `again` marks the second pass of one call (after its syscall): a region the first pass
-    /// left pending is not hit twice (its hint stays the clipped range of the one call), and when
-    /// every overlapping region is still pending nothing changes at all, counter included.
-    pub(crate) fn invalidate_in_thread(&self, start: u64, end: u64, unmap: bool, again: bool) {
+    /// One context serves every notifier of the process, so most messages a notifier is handed
+    /// concern other notifiers' pages. A message that hit none of this notifier's regions
+    /// changed nothing a check can see: its counter goes back to the value before `begin`
+    /// (so `unchanged_since` and the cache's fast path stay true), and the readiness `begin`
+    /// raised is taken back if the queue is still empty.
+    fn end(&self) {
+        let hit = self.message_hit.swap(false, Relaxed);
+        generation::settle_notification(self.counter.notification_word(), hit);
+        if hit {
+            generation::end_message(self.counter());
+            return;
+        }
+        let mut l = self.lock_index();
+        if self.readied_by_message.load(Relaxed) && l.st.ready && l.st.queued == 0 {
+            sys::eventfd_drain(self.ready_fd.as_fd());
+            l.st.ready = false;
+        }
+        generation::cancel_message(self.counter());
+    }
+
+    /// The hooks backend's event path: the monitor's steps 2–5 under one hold of the index lock
+    /// (so the counter is odd only while that lock is held, as with one monitor). Does nothing,
+    /// and leaves the counter alone, when no region overlaps the range. Never calls a patched
+    /// libc function (see `backend::hooks`).
+    fn invalidate_in_thread(&self, start: u64, end: u64, unmap: bool, again: bool) {
         let mut l = self.lock_index();
         let mut any = false;
         {
@@ -1546,6 +1835,10 @@ impl Shared {
                 });
         }
         if !any {
+            if unmap {
+                // No region hit, but the watch over the pages may be gone all the same.
+                l.st.record_unmapped(start, end);
+            }
             return;
         }
         generation::begin_message(self.counter());
@@ -1558,5 +1851,42 @@ impl Shared {
             self.signal_ready(&mut l);
         }
         generation::end_message(self.counter());
+    }
+
+    /// Every region invalid, each with an event for its whole range (not an unmap: watches stay).
+    fn invalidate_all(&self) {
+        let mut l = self.lock_index();
+        generation::begin_message(self.counter());
+        self.messages.fetch_add(1, Relaxed);
+        let (newly, hits) = l.invalidate(0, u64::MAX, false, false);
+        self.invalidations.fetch_add(hits, Relaxed);
+        if hits > 0 {
+            generation::count_notification(self.counter.notification_word());
+        }
+        if newly {
+            self.signal_ready(&mut l);
+        }
+        generation::end_message(self.counter());
+    }
+
+    /// A `REMOVE` (or another announced invalidation) is in flight until its end is known
+    /// (`crate::inflight`). No allocation, no syscall but the vDSO clock, the index lock only.
+    fn window_open(&self, start: u64, end: u64, how: WindowEnd) -> Window {
+        let mut l = self.lock_index();
+        l.st.inflight.sweep();
+        Window(l.st.inflight.record(start, end, how == WindowEnd::Closed))
+    }
+
+    fn window_close(&self, window: Window) {
+        let mut l = self.lock_index();
+        l.st.inflight.close(window.0);
+        l.st.inflight.sweep();
+    }
+
+    /// Every check fails from now on.
+    fn kill(&self) {
+        generation::kill(self.counter());
+        generation::kill(self.counter.notification_word());
+        sys::eventfd_signal(self.ready_fd.as_fd());
     }
 }

@@ -26,6 +26,13 @@ impl fmt::Display for Cookie {
 /// before an invalidation never reads valid again, even after the region is re-armed by reading
 /// its event: ask [`Notifier::region`](crate::Notifier::region) for a fresh token then.
 ///
+/// After a re-arm while some of the region's pages are unmapped, a fresh token of a
+/// [`register`](crate::Notifier::register) region reads invalid (the memory it was registered
+/// for is gone) until a later re-arm finds all its pages mapped; one of a
+/// [`register_any`](crate::Notifier::register_any) region reads valid (nothing mapped there has
+/// changed since). Either region keeps reporting events (see
+/// [`Notifier::read_events`](crate::Notifier::read_events)).
+///
 /// A token means something only to the notifier that issued it; checking it against another
 /// notifier is never unsafe, but its answer is meaningless.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

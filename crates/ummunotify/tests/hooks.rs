@@ -25,9 +25,18 @@ const MADV_GUARD_INSTALL: libc::c_int = 102;
 const MADV_GUARD_REMOVE: libc::c_int = 103;
 const MADV_DONTNEED_LOCKED: libc::c_int = 24;
 
+/// Set in a fresh process to run a test on the hybrid backend instead (hooks in front of
+/// userfaultfd: the same hook paths, plus removing the userfaultfd watch in them).
+const AS_HYBRID: &str = "UMN_HOOKS_TEST_AS_HYBRID";
+
 fn hooks() -> Notifier {
-    let n = Notifier::with_backend(Backend::Hooks).expect("hooks backend");
-    assert_eq!(n.backend(), Backend::Hooks);
+    let b = if std::env::var_os(AS_HYBRID).is_some() {
+        Backend::Hybrid
+    } else {
+        Backend::Hooks
+    };
+    let n = Notifier::with_backend(b).expect("hooks backend");
+    assert_eq!(n.backend(), b);
     n
 }
 
@@ -908,6 +917,22 @@ fn a_registered_heap_trimmed_from_many_threads_with_signals_never_deadlocks() {
     child_ok();
 }
 
+/// The same hunt on the hybrid backend, where each hook also removes the userfaultfd watch.
+#[test]
+fn the_heap_deadlock_hunt_under_hybrid() {
+    in_fresh_process(
+        "a_registered_heap_trimmed_from_many_threads_with_signals_never_deadlocks",
+        &[(AS_HYBRID, "1")],
+    );
+}
+
+/// The fork test below on the hybrid backend.
+#[test]
+fn forks_under_hybrid_never_leave_a_child_hanging() {
+    let test = "forks_while_other_threads_register_never_leave_a_child_hanging";
+    in_fresh_process(test, &[(AS_HYBRID, "1"), (ROLE, test)]);
+}
+
 /// Fork while other threads register and unregister (the filter's lock taken and released all
 /// the time) and unmap registered memory (hooks holding index locks): every child starts a
 /// hooks notifier of its own, registers and sees its own munmap, and never hangs.
@@ -933,9 +958,10 @@ fn forks_while_other_threads_register_never_leave_a_child_hanging() {
             })
         })
         .collect();
+    let backend = n.backend();
     for round in 0..40 {
         let code = in_child(|| {
-            let m = match Notifier::with_backend(Backend::Hooks) {
+            let m = match Notifier::with_backend(backend) {
                 Ok(m) => m,
                 Err(_) => return 1,
             };
@@ -956,4 +982,5 @@ fn forks_while_other_threads_register_never_leave_a_child_hanging() {
     for b in busy {
         b.join().unwrap();
     }
+    child_ok();
 }

@@ -145,20 +145,26 @@ fn overlapping_regions_share_coverage_and_each_get_one_event() {
     unmap(p, 4 * PAGE);
 }
 
+/// Not readable, or only while the process's one userfaultfd context hands this notifier a
+/// message of another test's notifier (withdrawn when the message hit none of its regions).
+fn quiet(n: &Notifier) -> bool {
+    (0..10_000).any(|_| !readable(n.as_fd()))
+}
+
 #[test]
 fn fd_is_readable_as_soon_as_the_unmapping_call_returns() {
     let n = notifier();
     for i in 0..500u64 {
         let p = map(PAGE);
         n.register(p..p + PAGE, Cookie(i)).unwrap();
-        assert!(!readable(n.as_fd()));
+        assert!(quiet(&n));
         unmap(p, PAGE);
         assert!(
             readable(n.as_fd()),
             "round {i}: poll(0) after munmap missed the event"
         );
         assert_eq!(n.events().unwrap().len(), 1);
-        assert!(!readable(n.as_fd()), "readable with nothing pending");
+        assert!(quiet(&n), "readable with nothing pending");
         n.unregister(Cookie(i)).unwrap();
     }
 }
@@ -368,22 +374,24 @@ fn no_stale_check_across_threads_100k_rounds() {
     unmap(p, PAGE);
 }
 
+/// Pages another library's userfaultfd context owns are refused with `RangeBusy`, and the
+/// refusal changes nothing. (Our own notifiers share one context: `tests/one_context.rs`.)
 #[test]
-fn a_second_notifier_on_the_same_pages_gets_range_busy_and_changes_nothing() {
-    let a = notifier();
-    let b = notifier();
+fn pages_a_foreign_userfaultfd_owns_get_range_busy_and_change_nothing() {
+    let n = Notifier::with_backend(ummunotify::Backend::Userfaultfd).unwrap();
     let p = map(4 * PAGE);
-    let ra = a.register(p..p + 2 * PAGE, Cookie(1)).unwrap();
-    let before = b.stats();
-    let e = b.register(p + PAGE..p + 3 * PAGE, Cookie(1)).unwrap_err();
+    let foreign = foreign_userfaultfd(p, 2 * PAGE);
+    let state = |s: ummunotify::Stats| (s.regions, s.pending, s.coverage_segments, s.watched_bytes);
+    let before = state(n.stats());
+    let e = n.register(p + PAGE..p + 3 * PAGE, Cookie(1)).unwrap_err();
     assert!(matches!(e, Error::RangeBusy), "{e:?}");
-    assert_eq!(b.stats(), before);
-    // Adjacent pages are fine, and both keep working.
-    let rb = b.register(p + 2 * PAGE..p + 4 * PAGE, Cookie(1)).unwrap();
+    assert_eq!(state(n.stats()), before);
+    // Pages next to the foreign range are fine.
+    let r = n.register(p + 2 * PAGE..p + 4 * PAGE, Cookie(1)).unwrap();
+    drop(foreign);
     unmap(p, 4 * PAGE);
-    assert!(!a.is_valid(ra) && !b.is_valid(rb));
-    assert_eq!(a.events().unwrap().len(), 1);
-    assert_eq!(b.events().unwrap().len(), 1);
+    assert!(!n.is_valid(r));
+    assert_eq!(n.events().unwrap().len(), 1);
 }
 
 /// The 2010 counter (`notifications`): 0 at start, +1 per kernel message that hit a region
@@ -427,22 +435,22 @@ fn notification_count_is_the_2010_counter_exactly() {
     assert_eq!(r.drained_notifications, Some(4));
 }
 
-/// A registration over pages already watched, with no unmap over them since, makes no watch
-/// call (issue 12: no `UFFDIO_REGISTER`, no `msync` check); after an unmap of those pages, the
-/// next registration over them watches again, and the new mapping there is really watched.
+/// A registration over pages already watched still watches them (the kernel queues a munmap's
+/// `UNMAP` only after it dropped the VMA and `mmap_lock`, so "no unmap delivered since" does not
+/// mean "still the memory that was watched"; see `Watcher::watch_persists`), and a region over
+/// new memory at watched addresses is invalidated by that memory's unmap.
 #[test]
-fn registration_over_watched_pages_makes_no_watch_call() {
+fn registration_over_watched_pages_watches_them() {
     let n = Notifier::with_backend(ummunotify::Backend::Userfaultfd).unwrap();
     let p = map(4 * PAGE);
     n.register(p..p + 4 * PAGE, Cookie(1)).unwrap();
     let calls = n.stats().watch_calls;
     assert_eq!(calls, 1);
-    // Inside the first region: no watch call, and the region is watched all the same.
     let inner = n.register(p + PAGE..p + 2 * PAGE, Cookie(2)).unwrap();
     let sub = n
         .register(p + 2 * PAGE + 8..p + 2 * PAGE + 72, Cookie(3))
         .unwrap();
-    assert_eq!(n.stats().watch_calls, calls, "{:?}", n.stats());
+    assert_eq!(n.stats().watch_calls, calls + 2, "{:?}", n.stats());
     assert!(n.is_valid(inner) && n.is_valid(sub));
     madvise(p + 2 * PAGE, PAGE, libc::MADV_DONTNEED);
     assert!(n.is_valid(inner) && !n.is_valid(sub));
@@ -451,13 +459,7 @@ fn registration_over_watched_pages_makes_no_watch_call() {
     assert!(!n.is_valid(inner));
     n.events().unwrap();
     n.unregister(Cookie(2)).unwrap();
-    let calls = n.stats().watch_calls; // reading the events re-armed cookie 1: a watch call
     let again = n.register(p + PAGE..p + 2 * PAGE, Cookie(4)).unwrap();
-    assert_eq!(
-        n.stats().watch_calls,
-        calls + 1,
-        "an unmapped range is watched again"
-    );
     // The new page is watched: an unmap of it invalidates the region before it returns.
     assert!(n.is_valid(again));
     replace(p + PAGE, PAGE);
@@ -465,9 +467,5 @@ fn registration_over_watched_pages_makes_no_watch_call() {
         !n.is_valid(again),
         "the re-registered region missed an unmap of its page"
     );
-    // Pages elsewhere in the first region were not unmapped: still no call for them.
-    let calls = n.stats().watch_calls;
-    n.register(p + 3 * PAGE..p + 4 * PAGE, Cookie(5)).unwrap();
-    assert_eq!(n.stats().watch_calls, calls);
     unmap(p, 4 * PAGE);
 }

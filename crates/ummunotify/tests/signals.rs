@@ -164,6 +164,7 @@ fn signal_storm_during_torture() {
         fork_every: Duration::from_millis(250),
         uring_madvise: false,
         on_notifier: Some(on_notifier),
+        remove_churn: false,
     };
     let t = run(p.clone());
 

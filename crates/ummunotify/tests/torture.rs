@@ -12,29 +12,7 @@
 mod common;
 mod torture_kit;
 
-use std::time::Duration;
-
-use torture_kit::engine::{install_crash_report, report, run, Params};
-use torture_kit::{env_u64, seed};
-
 #[test]
 fn torture() {
-    install_crash_report();
-    let p = Params {
-        seed: seed("UMN_TORTURE_SEED"),
-        threads: env_u64("UMN_TORTURE_THREADS", 3).clamp(1, 8) as usize,
-        duration: Duration::from_secs(env_u64("UMN_TORTURE_SECS", 60)),
-        fork_every: Duration::from_millis(250),
-        uring_madvise: true,
-        on_notifier: None,
-    };
-    let t = run(p.clone());
-    report("torture", &p, &t);
-    if t.ops > 0 {
-        assert!(t.io > 0 && t.changes > 0 && t.checks() > 0, "{t:?}");
-        // A kind that never ran (IORING_OP_MADVISE falling back to plain madvise, say) is a
-        // hole in the run, not a pass.
-        let never = t.kinds_never_run(&p);
-        assert!(never.is_empty(), "change kinds that never ran: {never:?}");
-    }
+    torture_kit::engine::torture_test("torture", false, 60);
 }

@@ -387,8 +387,55 @@ pub fn run(quick: bool) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
     rows.push(region_bytes_row);
     // Last: installing the hooks patches libc for the rest of this process.
     match Notifier::with_backend(Backend::Hooks) {
-        Ok(n) => rows.extend(hooks_rows(&n, 5_000 / scale)?),
+        Ok(n) => rows.extend(backend_rows(&n, "hooks", 5_000 / scale)?),
         Err(e) => eprintln!("umn bench: no hooks rows: {e}"),
+    }
+    // The same rows per backend, each in a fresh process (hybrid must not share its context
+    // with this process's plain userfaultfd notifiers, which keep the hooks from removing
+    // watches; userfaultfd must run with libc unpatched).
+    for b in [Backend::Userfaultfd, Backend::Hybrid] {
+        match backend_rows_in_child(b, quick) {
+            Ok(r) => rows.extend(r),
+            Err(e) => eprintln!("umn bench: no {b} rows: {e}"),
+        }
+    }
+    Ok(rows)
+}
+
+/// The hidden subcommand that prints one backend's rows for [`backend_rows_in_child`].
+pub const CHILD_SUBCOMMAND: &str = "__bench-backend";
+
+/// The child side: `backend`'s rows, one per line, tab-separated.
+pub fn child_main(backend: &str, quick: bool) -> Result<(), Box<dyn std::error::Error>> {
+    let b = Backend::from_name(backend).ok_or("unknown backend")?;
+    let n = Notifier::with_backend(b)?;
+    let cycles = if quick { 500 } else { 5_000 };
+    for r in backend_rows(&n, b.name(), cycles)? {
+        println!(
+            "{}\t{}\t{}\t{}",
+            r.name, r.ns_per_op, r.baseline_name, r.baseline
+        );
+    }
+    Ok(())
+}
+
+fn backend_rows_in_child(b: Backend, quick: bool) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
+    let mut cmd = std::process::Command::new(std::env::current_exe()?);
+    cmd.args([CHILD_SUBCOMMAND, b.name()]);
+    if quick {
+        cmd.arg("--quick");
+    }
+    let out = cmd.output()?;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned().into());
+    }
+    let leak = |s: &str| -> &'static str { Box::leak(s.to_owned().into_boxed_str()) };
+    let mut rows = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let f: Vec<&str> = line.split('\t').collect();
+        if let [name, ns, base_name, base] = f[..] {
+            rows.push(row(leak(name), ns.parse()?, leak(base_name), base.parse()?));
+        }
     }
     Ok(rows)
 }
@@ -399,10 +446,15 @@ fn raw(nr: libc::c_long, a: usize, len: usize, advice: libc::c_int) {
     unsafe { libc::syscall(nr, a, len, advice) };
 }
 
-/// Under the hooks backend, one run, interleaved call by call: libc munmap and
-/// madvise(DONTNEED) of a registered 4 KiB page, of an unregistered one, and the raw syscall;
-/// and munmap after 2 ms idle, registered vs unregistered.
-fn hooks_rows(n: &Notifier, cycles: usize) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
+/// On `n`'s backend (rows named `{prefix}_...`), one run, interleaved call by call: libc munmap
+/// and madvise(DONTNEED) of a registered 4 KiB page, of an unregistered one, and the raw
+/// syscall; and munmap and madvise after 2 ms idle, registered vs unregistered.
+fn backend_rows(
+    n: &Notifier,
+    prefix: &str,
+    cycles: usize,
+) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
+    let name = |s: &str| -> &'static str { Box::leak(format!("{prefix}_{s}").into_boxed_str()) };
     let pg = page();
     let mut t = [(); 6].map(|_| Vec::with_capacity(cycles));
     let time = |v: &mut Vec<f64>, f: &mut dyn FnMut()| {
@@ -438,11 +490,24 @@ fn hooks_rows(n: &Notifier, cycles: usize) -> Result<Vec<Row>, Box<dyn std::erro
     }
     let [dr, du, dw, mr, mu, mw] = t.map(median);
     // Cold: each call after 2 ms of sleep (the CPU idle), registered and unregistered alternately.
-    let (mut cr, mut cu) = (Vec::new(), Vec::new());
+    let (mut cr, mut cu, mut dcr, mut dcu) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..(cycles / 16).max(10) {
         let (r, u) = (map(pg, 0), map(pg, 0));
         touch(r, pg);
         touch(u, pg);
+        cookie += 1;
+        n.register(r..r + pg, Cookie(cookie))?;
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        // SAFETY (both madvise closures): benchmark-owned pages.
+        time(&mut dcr, &mut || unsafe {
+            libc::madvise(r as *mut _, pg, libc::MADV_DONTNEED);
+        });
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        time(&mut dcu, &mut || unsafe {
+            libc::madvise(u as *mut _, pg, libc::MADV_DONTNEED);
+        });
+        n.unregister(Cookie(cookie))?;
+        touch(r, pg);
         cookie += 1;
         n.register(r..r + pg, Cookie(cookie))?;
         std::thread::sleep(std::time::Duration::from_millis(2));
@@ -453,31 +518,37 @@ fn hooks_rows(n: &Notifier, cycles: usize) -> Result<Vec<Row>, Box<dyn std::erro
     }
     Ok(vec![
         row(
-            "hooks_munmap_registered_4k_cold",
+            name("munmap_registered_4k_cold"),
             median(cr),
-            "hooks_munmap_unregistered_4k_cold",
+            name("munmap_unregistered_4k_cold"),
             median(cu),
         ),
         row(
-            "hooks_munmap_registered_4k",
+            name("madvise_registered_4k_cold"),
+            median(dcr),
+            name("madvise_unregistered_4k_cold"),
+            median(dcu),
+        ),
+        row(
+            name("munmap_registered_4k"),
             mr,
-            "hooks_munmap_unregistered_4k",
+            name("munmap_unregistered_4k"),
             mu,
         ),
         row(
-            "hooks_madvise_registered_4k",
+            name("madvise_registered_4k"),
             dr,
-            "hooks_madvise_unregistered_4k",
+            name("madvise_unregistered_4k"),
             du,
         ),
         row(
-            "hooks_munmap_unregistered_4k",
+            name("munmap_unregistered_4k"),
             mu,
             "raw_syscall_munmap_4k",
             mw,
         ),
         row(
-            "hooks_madvise_unregistered_4k",
+            name("madvise_unregistered_4k"),
             du,
             "raw_syscall_madvise_4k",
             dw,

@@ -8,6 +8,7 @@ use ummunotify_testkit::changes::{
     case_json, json_string, print_child_report, run_case, run_in_child, CaseReport, ChangeKind,
 };
 
+pub use crate::remove_race::Row as RaceRow;
 use crate::watch::{expects, NotifierWatcher};
 
 /// The hidden subcommand a child runs.
@@ -68,13 +69,14 @@ impl Row {
     }
 }
 
-/// The exit status `umn coverage` gives for `rows`: 0 when every case ran and every expected
-/// kind was detected with no stale use, 1 for a miss, a stale use or a problem, 3 when nothing
-/// failed but some case was inconclusive (the run says nothing about it: run it again).
-pub fn exit_status(rows: &[Row]) -> u8 {
-    if rows.iter().any(Row::failed) {
+/// The exit status `umn coverage` gives for `rows` and the `remove-race` row: 0 when every case
+/// ran and every expected kind was detected with no stale use, 1 for a miss, a stale use or a
+/// problem, 3 when nothing failed but some case was inconclusive (the run says nothing about it:
+/// run it again).
+pub fn exit_status(rows: &[Row], race: &RaceRow) -> u8 {
+    if rows.iter().any(Row::failed) || race.failed() {
         1
-    } else if rows.iter().any(Row::inconclusive) {
+    } else if rows.iter().any(Row::inconclusive) || race.inconclusive() {
         3
     } else {
         0
@@ -91,6 +93,7 @@ pub fn resolve(asked: Backend) -> Result<Backend, ummunotify::Error> {
 pub fn backend_label(backend: Backend) -> &'static str {
     match backend {
         Backend::Hooks => "hooks",
+        Backend::Hybrid => "hybrid",
         _ => "userfaultfd",
     }
 }
@@ -110,19 +113,22 @@ pub fn run_all(exe: &std::path::Path, backend: Backend) -> Vec<Row> {
 }
 
 /// The `--json` form: `{"backend": ..., "cases": [{"kind", "detected", "expected", "stale_uses",
-/// "inconclusive", "problems", ...}]}`: each case is the testkit's report
-/// (`ummunotify_testkit::changes::case_json`), `detected` `null` for an inconclusive one.
-pub fn to_json(backend: &str, rows: &[Row]) -> String {
+/// "inconclusive", "problems", ...}], "remove_race": {"verdict", "stale", "removes_by_grace",
+/// "kinds": [...], ...}}`: each case is the testkit's report
+/// (`ummunotify_testkit::changes::case_json`), `detected` `null` for an inconclusive one; the
+/// last object is the `remove-race` row ([`RaceRow::to_json`]).
+pub fn to_json(backend: &str, rows: &[Row], race: &RaceRow) -> String {
     let cases: Vec<String> = rows.iter().map(|r| case_json(&r.report)).collect();
     format!(
-        "{{\"backend\":{},\"cases\":[{}]}}",
+        "{{\"backend\":{},\"cases\":[{}],\"remove_race\":{}}}",
         json_string(backend),
-        cases.join(",")
+        cases.join(","),
+        race.to_json()
     )
 }
 
-/// The human form: a table, then one line saying what the run means.
-pub fn to_table(backend: &str, rows: &[Row]) -> String {
+/// The human form: a table (the `remove-race` row last), then what the run means.
+pub fn to_table(backend: &str, rows: &[Row], race: &RaceRow) -> String {
     let mut out = format!(
         "backend: {backend}\n{:<22} {:<12} {:<9} {:<6} {:<11} notes\n",
         "kind", "detected", "expected", "stale", "oracle"
@@ -150,6 +156,7 @@ pub fn to_table(backend: &str, rows: &[Row]) -> String {
             note
         ));
     }
+    out.push_str(&race.to_table());
     let missed: Vec<&str> = rows
         .iter()
         .filter(|r| !r.report.expected && r.detected() == Some(false))
@@ -164,6 +171,14 @@ pub fn to_table(backend: &str, rows: &[Row]) -> String {
             .filter(|r| r.report.expected && !r.failed() && !r.inconclusive())
             .count(),
         rows.iter().filter(|r| r.report.expected).count(),
+    ));
+    out.push_str(&format!(
+        "madvise REMOVE racing a registration ({}): {}; {} stale use(s), {} REMOVE(s) settled \
+         by grace rather than by acknowledgement.\n",
+        crate::remove_race::NAME,
+        race.verdict().name(),
+        race.stale(),
+        race.kinds.iter().map(|k| k.by_grace).sum::<u64>()
     ));
     if !missed.is_empty() {
         out.push_str(&format!(

@@ -1,7 +1,7 @@
 //! `umn`: the ummunotify command line.
 use std::process::ExitCode;
 
-use umn::{coverage, doctor};
+use umn::{coverage, doctor, remove_race};
 
 mod bench;
 mod bench_c;
@@ -12,11 +12,13 @@ usage: umn <command>
 
 commands:
   doctor             which backends work here, which kernel features exist, what is missing
-  coverage [--json] [--backend auto|uffd|hooks]
+  coverage [--json] [--backend auto|uffd|hooks|hybrid]
                      run every kind of mapping change against the notifier (each in a child
                      process, on the backend asked for: auto = userfaultfd where it starts,
                      else hooks) and report per kind: detected, expected (can this backend see
-                     it at all), stale uses, which oracle judged; exit 0 = all expected kinds
+                     it at all), stale uses, which oracle judged; then the remove-race row:
+                     every REMOVE-producing kind racing registrations and re-arms for a
+                     moment (stale uses, REMOVEs settled by grace); exit 0 = all expected kinds
                      detected with no stale use, 1 = a miss, stale use or problem,
                      3 = some case inconclusive (could not run; not a verdict)
   demo               the x == y story with io_uring fixed buffers: a naive cache writes stale
@@ -50,7 +52,7 @@ fn main() -> ExitCode {
                             Some(b) => asked = b,
                             None => {
                                 eprint!(
-                                    "umn coverage: --backend needs auto, uffd or hooks\n{USAGE}"
+                                    "umn coverage: --backend needs auto, uffd, hooks or hybrid\n{USAGE}"
                                 );
                                 return ExitCode::from(2);
                             }
@@ -77,13 +79,14 @@ fn main() -> ExitCode {
                 }
             };
             let rows = coverage::run_all(&exe, backend);
+            let race = remove_race::run(&exe, backend);
             let label = coverage::backend_label(backend);
             if json {
-                println!("{}", coverage::to_json(label, &rows));
+                println!("{}", coverage::to_json(label, &rows, &race));
             } else {
-                print!("{}", coverage::to_table(label, &rows));
+                print!("{}", coverage::to_table(label, &rows, &race));
             }
-            ExitCode::from(coverage::exit_status(&rows))
+            ExitCode::from(coverage::exit_status(&rows, &race))
         }
         [coverage::CHILD_SUBCOMMAND] => match ummunotify_testkit::changes::child_case_from_env() {
             Some(kind) => {
@@ -92,6 +95,13 @@ fn main() -> ExitCode {
             }
             None => ExitCode::FAILURE,
         },
+        [remove_race::CHILD_SUBCOMMAND] => {
+            if remove_race::child_main() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
         ["demo"] => match demo::run() {
             Ok(true) => ExitCode::SUCCESS,
             Ok(false) => ExitCode::FAILURE,
@@ -112,6 +122,15 @@ fn main() -> ExitCode {
                 }
                 Err(e) => {
                     eprintln!("umn bench: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        [bench::CHILD_SUBCOMMAND, backend, rest @ ..] => {
+            match bench::child_main(backend, rest.contains(&"--quick")) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("umn bench ({backend}): {e}");
                     ExitCode::FAILURE
                 }
             }

@@ -70,6 +70,7 @@ impl Watcher for NotifierWatcher<'_> {
 pub fn expects(backend: Backend, kind: ChangeKind) -> bool {
     match backend {
         Backend::Hooks => kind.hooks_report(),
+        Backend::Hybrid => kind.hybrid_reports(),
         _ => kind.userfaultfd_reports(),
     }
 }

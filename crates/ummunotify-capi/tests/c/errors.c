@@ -61,6 +61,19 @@ int main(void) {
     char msg[256];
     ummunotify_last_error(msg, sizeof msg);
     CHECK(strstr(msg, "not mapped") != NULL);
+    /* ... which register_any accepts (the 2010 rule), with a valid token. */
+    ummunotify_region any;
+    CHECK_RC(ummunotify_notifier_register_any(n, (uintptr_t)hole, (uintptr_t)hole + page, 9,
+                                              &any),
+             UMMUNOTIFY_OK);
+    CHECK(ummunotify_notifier_is_valid(n, any));
+    CHECK_RC(ummunotify_notifier_mapped(n, (uintptr_t)hole, (uintptr_t)hole + page),
+             UMMUNOTIFY_OK);
+    CHECK_RC(ummunotify_notifier_register_any(n, a, a, 10, NULL), UMMUNOTIFY_ERR_EMPTY_RANGE);
+    CHECK_RC(ummunotify_notifier_register_any(NULL, a, a + page, 10, NULL),
+             UMMUNOTIFY_ERR_NULL_ARGUMENT);
+    CHECK_RC(ummunotify_notifier_mapped(NULL, a, a + page), UMMUNOTIFY_ERR_NULL_ARGUMENT);
+    CHECK_RC(ummunotify_notifier_unregister(n, 9), UMMUNOTIFY_OK);
 
     /* Cookies: duplicate and unknown. */
     CHECK_RC(ummunotify_notifier_register(n, a, a + page, 1, NULL), UMMUNOTIFY_OK);

@@ -58,7 +58,8 @@ int main(void) {
     CHECK(ummunotify_notifier_is_valid(n, whole));
 
     /* Two hits before reading: no hint, the whole region. A raw syscall is seen too. (Region 100
-       has lost pages now: it stays invalid, with no further events, until unregistered.) */
+       has lost pages now: re-armed over the hole it stays invalid, but it is not deaf: it keeps
+       watching its mapped pages, and reports their next change.) */
     CHECK(syscall(SYS_munmap, p + 5 * page, page) == 0);
     CHECK(!ummunotify_notifier_is_valid(n, whole));
     CHECK(madvise(p + 7 * page, page, MADV_DONTNEED) == 0);
@@ -134,6 +135,29 @@ int main(void) {
     ummunotify_notifier_free(nb);
     munmap(qa, page);
     munmap(qb, page);
+
+    /* Holes, the 2010 rule (opt-in): register refuses a range that is not all mapped,
+       register_any accepts it; filling the hole invalidates nothing, and once announced with
+       ummunotify_notifier_mapped the new memory is watched. */
+    char *h = map_pages(3);
+    uintptr_t ha = (uintptr_t)h;
+    CHECK(munmap(h + page, page) == 0);
+    ummunotify_region rh;
+    CHECK_RC(ummunotify_notifier_register(n, ha, ha + 3 * page, 200, NULL),
+             UMMUNOTIFY_ERR_UNMAPPED);
+    CHECK_RC(ummunotify_notifier_register_any(n, ha, ha + 3 * page, 200, &rh), UMMUNOTIFY_OK);
+    CHECK(ummunotify_notifier_is_valid(n, rh));
+    CHECK(mmap(h + page, page, PROT_READ | PROT_WRITE,
+               MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0) == h + page);
+    CHECK(ummunotify_notifier_is_valid(n, rh));
+    CHECK_RC(ummunotify_notifier_mapped(n, ha + page, ha + 2 * page), UMMUNOTIFY_OK);
+    CHECK(munmap(h + page, page) == 0);
+    CHECK(!ummunotify_notifier_is_valid(n, rh));
+    CHECK_RC(ummunotify_notifier_read_events(n, ev, 4, &count, &drained), UMMUNOTIFY_OK);
+    CHECK(count == 1 && ev[0].cookie == 200 && ev[0].flags == UMMUNOTIFY_EVENT_FLAG_HINT);
+    CHECK(ev[0].start == ha + page && ev[0].end == ha + 2 * page);
+    CHECK_RC(ummunotify_notifier_unregister(n, 200), UMMUNOTIFY_OK);
+    munmap(h, 3 * page);
 
     /* Stats structs can grow: a missing size is refused, nothing written. */
     ummunotify_notifier_stats nosize = {.size = 0, .regions = 77};

@@ -216,6 +216,12 @@ impl ChangeKind {
         )
     }
 
+    /// Whether the hybrid backend (hooks in front of userfaultfd) sees this kind: what either
+    /// half sees. Only changes to the file behind a shared mapping stay missed.
+    pub const fn hybrid_reports(self) -> bool {
+        self.userfaultfd_reports() || self.hooks_report()
+    }
+
     /// Whether the case pins its range with an io_uring fixed buffer (the device oracle).
     /// False for [`ChangeKind::MadvCollapse`]: the kernel does not collapse pinned pages.
     pub const fn pins(self) -> bool {

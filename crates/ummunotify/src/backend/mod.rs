@@ -1,31 +1,79 @@
-//! Kernel backends: where invalidation messages come from.
+//! Backends: where invalidations come from, behind one contract.
+//!
+//! # The seam
+//! A backend is one module here plus one arm in [`open`]. It implements [`Watcher`] (watch and
+//! unwatch page ranges; start delivering) and delivers every change to the mappings behind the
+//! watched pages into the notifier core through [`crate::sink::Sink`], the one narrow
+//! interface the core implements. A backend never imports `crate::notifier`; the core
+//! ([`crate::notifier`]) never sees a backend's types, fds or errnos (a backend maps its own
+//! refusals to [`Error`](crate::Error) in [`Watcher::watch`]).
+//!
+//! ```text
+//!  Notifier (core) ──watch/unwatch──▶ Box<dyn Watcher> ──▶ kernel / libc / rings
+//!        ▲                                  │
+//!        └──── Sink: begin/apply/end, ◀─────┘  deliver(): a monitor thread, the hooked
+//!              invalidate_in_thread,            calling thread, or a Probe pulled by checks
+//!              window_open/close, kill
+//! ```
 //!
 //! # The contract every backend meets
-//!
-//! A backend watches page ranges and turns every change to the mappings behind them into a
-//! [`Invalidation`] message, delivered to exactly one monitor thread, with these properties:
-//!
-//! 1. **Synchronous**: the thread making the change does not return from its call before the
-//!    monitor has *dequeued* the message (userfaultfd's non-cooperative events have this).
-//!    The monitor's side of the visibility protocol (`crate::generation`) turns "dequeued" into
-//!    "visible to every later check".
-//! 2. **One message per dequeue**: the monitor can take messages one at a time, so it can mark
-//!    itself busy before each.
-//! 3. **Free when unused**: pages that are not watched cost nothing on any path.
-//! 4. **Watching is idempotent** and may be asked for ranges that are already watched.
+//! 1. **Visible before the unmapping call returns** (guarantee 1), by one of three shapes:
+//!    push from a monitor thread that the unmapping thread waits for, push from the unmapping
+//!    thread itself, or pull at check time ([`crate::sink::Probe`]). How each backend does it
+//!    is written below and in `docs/ARCHITECTURE.md`, "Backends".
+//! 2. **Free when unused** (guarantee 3): pages that are not watched cost nothing on any path;
+//!    a push-only backend leaves the check's one-load fast path alone.
+//! 3. **Watching is idempotent** and may be asked for ranges already watched; unwatching a
+//!    range that is (partly) unmapped is not an error.
+//! 4. **The event path** (everything that calls the sink) never allocates, frees, unmaps or
+//!    logs and takes no lock but the core's index lock (through the sink).
 //! 5. **Fail loudly**: a backend that can not start returns [`Unsupported`](crate::Unsupported)
 //!    naming what is missing (errno, sysctl, privilege), never a silent degraded mode.
+//! 6. **Stopping** ([`Delivery::stop`]) returns only once no delivery into the sink is in
+//!    progress or can start; in a forked child it must not wait for threads that do not exist.
 //!
 //! Backends are chosen at run time by probing the kernel, not by cargo features.
 //!
-//! The hooks backend ([`hooks`]) meets the contract differently for point 1: there is no
-//! monitor and no message; the thread making the change invalidates the regions itself, before
-//! its syscall and again after it (see its module doc).
+//! # Each backend's visibility rule
+//! * **userfaultfd** ([`uffd`]): the kernel queues a non-cooperative `UNMAP`/`REMOVE`/`REMAP`
+//!   message and the unmapping thread sleeps until the monitor thread *dequeues* it. The monitor
+//!   calls [`Sink::begin`](crate::sink::Sink::begin) (counter odd) *before* each single-message
+//!   `read()`, so every check made after the unmapping thread was released waits for
+//!   [`Sink::end`](crate::sink::Sink::end) and then sees the region invalid (the busy protocol
+//!   of `crate::generation`). A `REMOVE` is dequeued before its pages are zapped: the monitor
+//!   opens a window ([`Sink::window_open`](crate::sink::Sink::window_open)) that the in-flight
+//!   protocol ends.
+//! * **hooks** ([`hooks`]): libc's unmapping functions are patched; the calling thread
+//!   invalidates the regions on the affected pages itself
+//!   ([`Sink::invalidate_in_thread`](crate::sink::Sink::invalidate_in_thread)), before it makes
+//!   the syscall and again after it. No monitor, no message, no window needed (the second pass
+//!   is the window's end).
+//!
+//! # Adding a backend
+//! One module (`backend/NAME/`) with a type implementing [`Watcher`], one [`Backend`] variant
+//! and its arm in [`open`], [`Backend::name`]/[`from_name`](Backend::from_name) and [`probe`].
+//! Shapes the seam provides for the ones planned:
+//! * a **perf tracepoint** backend records unmaps in per-CPU rings: it returns a
+//!   [`Probe`](crate::sink::Probe) from [`Watcher::probe`] whose `pull` loads each ring's head
+//!   (N loads when nothing changed), applies new records through the sink, and calls
+//!   [`Sink::invalidate_all`](crate::sink::Sink::invalidate_all) for a ring found nearly full;
+//! * an **eBPF** backend whose program bumps a counter (or per-region words) in a mapped array:
+//!   its probe compares that word with the last value it delivered;
+//! * a **`/dev/ummunotify` kernel-module** backend: the module's mapped counter is the probe's
+//!   word; its `invalidate_range_start`/`_end` are [`Sink::window_open`](crate::sink::Sink::window_open)
+//!   / [`window_close`](crate::sink::Sink::window_close).
+//!
+//! With a probe, the notifier's counter carries [`crate::generation::PULL`] and every check
+//! pulls first; without one the fast path stays one load and one compare.
 pub(crate) mod hooks;
+mod hybrid;
+pub(crate) mod table;
 pub(crate) mod uffd;
 
-use std::io;
-use std::os::fd::BorrowedFd;
+use std::sync::Arc;
+
+pub(crate) use crate::sink::Invalidation;
+use crate::sink::{Probe, Sink};
 
 /// Which backend a [`Notifier`](crate::Notifier) runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -40,27 +88,34 @@ pub enum Backend {
     /// libc's unmapping calls patched in the calling thread (x86-64, dynamic glibc): works
     /// where userfaultfd is denied; misses raw syscalls and io_uring.
     Hooks,
+    /// Hooks in front of userfaultfd: libc's calls are caught in the calling thread, which
+    /// removes the userfaultfd watch from their pages before calling through (no message, no
+    /// round trip); userfaultfd still sees raw syscalls, io_uring and `process_madvise`; pages
+    /// another userfaultfd owns are watched by the hooks alone.
+    Hybrid,
 }
 
 /// The environment variable [`Notifier::new`](crate::Notifier::new) reads.
 pub const BACKEND_ENV: &str = "UMN_BACKEND";
 
 impl Backend {
-    /// The name `UMN_BACKEND` and `umn` use: `auto`, `uffd`, `hooks`.
+    /// The name `UMN_BACKEND` and `umn` use: `auto`, `uffd`, `hooks`, `hybrid`.
     pub fn name(self) -> &'static str {
         match self {
             Backend::Auto => "auto",
             Backend::Userfaultfd => "uffd",
             Backend::Hooks => "hooks",
+            Backend::Hybrid => "hybrid",
         }
     }
 
-    /// Parses `auto`, `uffd` (or `userfaultfd`), `hooks`.
+    /// Parses `auto`, `uffd` (or `userfaultfd`), `hooks`, `hybrid`.
     pub fn from_name(name: &str) -> Option<Backend> {
         match name.trim() {
             "auto" | "" => Some(Backend::Auto),
             "uffd" | "userfaultfd" => Some(Backend::Userfaultfd),
             "hooks" => Some(Backend::Hooks),
+            "hybrid" => Some(Backend::Hybrid),
             _ => None,
         }
     }
@@ -86,84 +141,104 @@ impl std::fmt::Display for Backend {
     }
 }
 
-/// What a notifier watches pages with: the kernel (userfaultfd) or the hooks' filter.
-pub(crate) enum Watcher {
-    Uffd(uffd::Uffd),
-    Hooks(hooks::Watch),
+/// A running backend as the core sees it: watches pages, starts delivery. One per notifier.
+pub(crate) trait Watcher: Send + Sync {
+    /// Starts watching `[start, end)` (page aligned, mapped when asked; idempotent).
+    ///
+    /// # Errors
+    /// The backend's refusal as a typed [`Error`](crate::Error) (`RangeBusy`, `CoverageLimit`,
+    /// `UnsupportedMapping`, `Os`); the core turns it into `Unmapped` when the range turns out
+    /// to be unmapped.
+    fn watch(&self, start: u64, end: u64) -> crate::Result<()>;
+
+    /// Stops watching `[start, end)`. Parts may be unmapped already (their watch went with the
+    /// mapping); that is not an error and nothing is reported.
+    fn unwatch(&self, start: u64, end: u64);
+
+    /// Whether a watch splits the VMA it lies in (so the watch policy's VMA budget applies).
+    fn splits_vmas(&self) -> bool;
+
+    /// Whether the core may skip the watch call for a registration over pages this notifier
+    /// counts, with no unmap of them delivered since (issue 12: no syscall for the watch on a
+    /// cache miss over watched pages). That needs every unmap of a watched page to be delivered
+    /// before the memory can be mapped again, and userfaultfd does not give it: the kernel
+    /// removes the VMA and drops `mmap_lock` *before* it queues the `UNMAP` message
+    /// (`userfaultfd_unmap_complete`), so another thread can map the same addresses and register
+    /// them while the message is still unread; skipping the watch then leaves the new mapping
+    /// unwatched, and its own munmap returns with the region valid (guarantee 1; the C API's
+    /// `threads` test failed every run with the skip on). No backend says yes now: every
+    /// registration watches. The core keeps the bookkeeping (`Registry::lost` and the unmapped
+    /// ring) for a backend that can.
+    fn watch_persists(&self) -> bool {
+        false
+    }
+
+    /// Watch requests the kernel refused because another userfaultfd owns the pages and that
+    /// the hooks took alone (hybrid only).
+    fn hooks_only(&self) -> u64 {
+        0
+    }
+
+    /// The pull-at-check-time probe, for backends that need one (see [`crate::sink::Probe`]).
+    /// `None` (push delivery only) keeps the checks' one-load fast path.
+    fn probe(&self) -> Option<Box<dyn Probe>> {
+        None
+    }
+
+    /// Starts delivering into `sink`; returns once delivery runs (a monitor thread has made
+    /// every mapping it will ever make, see `uffd::monitor::spawn`).
+    ///
+    /// # Errors
+    /// Why delivery can not start (for example, no thread could be spawned).
+    fn deliver(&self, sink: Arc<dyn Sink>) -> crate::Result<Box<dyn Delivery>>;
 }
 
-impl Watcher {
-    /// Starts watching `[start, end)` (page aligned; idempotent).
-    pub(crate) fn watch(&self, start: u64, end: u64) -> io::Result<()> {
-        match self {
-            Watcher::Uffd(u) => u.watch(start, end),
-            Watcher::Hooks(h) => {
-                h.watch(start, end);
-                Ok(())
-            }
-        }
+/// Delivery into one notifier's sink, running; [`stop`](Delivery::stop) ends it.
+pub(crate) trait Delivery: Send + Sync {
+    /// The monitor thread's kernel tid (0 when delivery runs in the calling threads).
+    fn monitor_tid(&self) -> i32 {
+        0
     }
 
-    /// Stops watching `[start, end)`.
-    pub(crate) fn unwatch(&self, start: u64, end: u64) -> io::Result<()> {
-        match self {
-            Watcher::Uffd(u) => u.unwatch(start, end),
-            Watcher::Hooks(h) => {
-                h.unwatch(start, end);
-                Ok(())
-            }
-        }
-    }
-
-    /// The userfaultfd context's fd (only the uffd backend has a monitor that asks).
-    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
-        match self {
-            Watcher::Uffd(u) => u.fd(),
-            Watcher::Hooks(_) => unreachable!("no monitor thread runs on the hooks backend"),
-        }
-    }
-
-    /// See `Uffd::close_from_monitor`.
-    pub(crate) fn close_from_monitor(&self) {
-        if let Watcher::Uffd(u) = self {
-            u.close_from_monitor();
-        }
-    }
-}
-
-/// A change to the mappings behind a watched range, as the kernel reports it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Invalidation {
-    /// `[start, end)` was unmapped (munmap, `MAP_FIXED` over it, mremap shrink, brk shrink, the
-    /// old range of an mremap move). The range is the whole syscall range, not clipped; the
-    /// kernel's watch on it is gone with the mapping.
-    Unmap { start: u64, end: u64 },
-    /// The pages of `[start, end)` are being dropped (madvise `DONTNEED`/`FREE`/`REMOVE`, ...);
-    /// the mapping and its watch stay.
-    Remove { start: u64, end: u64 },
-    /// The pages of `[from, from + len)` moved to `to` (mremap); the watch moved with them.
-    Remap { from: u64, to: u64, len: u64 },
-    /// Anything else the backend reports (ignored).
-    Other,
+    /// Ends delivery: returns once no call into the sink is in progress or can start. In a
+    /// forked child (`forked`) it must not wait for threads that exist only in the parent.
+    fn stop(self: Box<Self>, forked: bool);
 }
 
 /// Starts the watcher for `backend`: which backend runs, and why, in words.
-pub(crate) fn open(backend: Backend) -> Result<(Watcher, Backend, String), crate::Unsupported> {
+pub(crate) fn open(
+    backend: Backend,
+) -> Result<(Box<dyn Watcher>, Backend, String), crate::Unsupported> {
     let hooks = || {
         hooks::install()
             .clone()
-            .map(|how| (Watcher::Hooks(hooks::Watch::new()), Backend::Hooks, how))
+            .map(|how| (hooks::watcher(), Backend::Hooks, how))
     };
-    let uffd = |u: uffd::Uffd, why: &str| {
-        let how = format!("{why}userfaultfd, opened with {}", u.how());
-        (Watcher::Uffd(u), Backend::Userfaultfd, how)
+    let uffd = |c: Arc<uffd::Context>, why: &str| {
+        let how = format!(
+            "{why}userfaultfd, the process's one context, opened with {}",
+            c.how()
+        );
+        (uffd::watcher(c), Backend::Userfaultfd, how)
     };
     match backend {
-        Backend::Userfaultfd => Ok(uffd(uffd::Uffd::open()?, "asked for ")),
+        Backend::Userfaultfd => Ok(uffd(uffd::Context::shared()?, "asked for ")),
+        Backend::Hybrid => {
+            let ctx = uffd::Context::shared()?;
+            let how = hooks::install()
+                .clone()
+                .map_err(|reason| crate::Unsupported::Hooks { reason })?;
+            let why = format!(
+                "asked for hybrid: hooks in front of userfaultfd (the process's one context, \
+                 opened with {}); {how}",
+                ctx.how()
+            );
+            Ok((hybrid::watcher(ctx), Backend::Hybrid, why))
+        }
         Backend::Hooks => hooks()
             .map(|(w, b, how)| (w, b, format!("asked for hooks: {how}")))
             .map_err(|reason| crate::Unsupported::Hooks { reason }),
-        Backend::Auto => match uffd::Uffd::open() {
+        Backend::Auto => match uffd::Context::shared() {
             Ok(u) => Ok(uffd(u, "auto: ")),
             Err(e) => match hooks() {
                 Ok((w, b, how)) => Ok((
@@ -178,6 +253,11 @@ pub(crate) fn open(backend: Backend) -> Result<(Watcher, Backend, String), crate
             },
         },
     }
+}
+
+/// How many libc calls went through the hooks in this process (0 when never installed).
+pub(crate) fn hooked_calls() -> usize {
+    hooks::hooked_calls()
 }
 
 /// What a backend reports about itself, for `umn doctor`.
@@ -199,5 +279,37 @@ pub struct BackendReport {
 /// Probing the hooks backend installs it (patches libc in this process, for good: with no hooks
 /// notifier alive that costs each hooked libc call a few loads).
 pub fn probe() -> Vec<BackendReport> {
-    vec![uffd::probe(), hooks::probe()]
+    let (u, h) = (uffd::probe(), hooks::probe());
+    let status = match (&u.status, &h.status) {
+        (Ok(_), Ok(_)) => Ok("ok: hooks in front of userfaultfd (both below work)".to_string()),
+        (Err(e), _) => Err(crate::Unsupported::Hooks {
+            reason: format!("needs userfaultfd, which can not start: {e}"),
+        }),
+        (_, Err(e)) => Err(crate::Unsupported::Hooks {
+            reason: format!("needs the hooks, which can not be installed: {e}"),
+        }),
+    };
+    let auto = match (&u.status, &h.status) {
+        (Ok(_), _) => {
+            "auto picks userfaultfd (it starts here); hybrid is chosen by name".to_string()
+        }
+        (Err(_), Ok(_)) => "auto picks hooks: userfaultfd can not start here".to_string(),
+        (Err(_), Err(_)) => "auto has no backend here".to_string(),
+    };
+    let hybrid = BackendReport {
+        name: "hybrid",
+        status,
+        kernel_features: Vec::new(),
+        notes: vec![
+            "libc calls caught in the calling thread, which removes the userfaultfd watch from \
+             their pages before calling through (no message, no round trip); raw syscalls, \
+             io_uring, process_madvise still reach userfaultfd; shmdt seen by the hooks"
+                .to_string(),
+            "pages another userfaultfd owns (EBUSY: another library's monitor) are watched by \
+             the hooks alone: each notifier counts them in Stats::hooks_only_watches"
+                .to_string(),
+            auto,
+        ],
+    };
+    vec![u, h, hybrid]
 }

@@ -444,8 +444,13 @@ impl<R: Registrar> Cache<R> {
         // SAFETY: `counter` points into the notifier's counter page, mapped for as long as
         // `self.notifier` (owned by `self`) lives.
         let counter = unsafe { self.counter.as_ref() };
-        // The same one-load check as `Notifier::unchanged_since`.
-        if counter.load(Acquire) == o.gen && self.epoch.0.load(Acquire) == o.epoch {
+        // The same one-load check as `Notifier::unchanged_since` (a pull backend's probe runs
+        // first: `generation::PULL`).
+        let mut c = counter.load(Acquire);
+        if c & crate::generation::PULL != 0 {
+            c = self.notifier.refreshed_counter();
+        }
+        if c == o.gen && self.epoch.0.load(Acquire) == o.epoch {
             slot.count_hit();
             let entry = NonNull::new(entry.cast_mut().cast::<Entry<R::Key>>())?;
             let handle = Handle {

@@ -93,6 +93,45 @@ impl Vmas {
             .collect())
     }
 
+    /// Calls `f(s, e)` for each mapped part of `[start, end)` (VMAs clipped to it, in address
+    /// order; adjacent VMAs are separate parts). Returns whether the parts cover the range (no
+    /// hole). No allocation where `PROCMAP_QUERY` works.
+    pub(crate) fn for_each_mapped(
+        &self,
+        start: u64,
+        end: u64,
+        mut f: impl FnMut(u64, u64),
+    ) -> io::Result<bool> {
+        let mut pos = start;
+        let mut whole = true;
+        let mut part = |s: u64, e: u64, pos: &mut u64| {
+            let (s, e) = (s.max(*pos), e.min(end));
+            if s > *pos {
+                whole = false;
+            }
+            if s < e {
+                f(s, e);
+            }
+            *pos = e.max(*pos);
+        };
+        if self.query {
+            while pos < end {
+                match self.query_at(pos)? {
+                    Some((s, e)) if s < end => part(s, e, &mut pos),
+                    _ => break,
+                }
+            }
+        } else {
+            for (s, e) in Self::all()?.into_iter().filter(|&(_, e)| e > start) {
+                if pos >= end || s >= end {
+                    break;
+                }
+                part(s, e, &mut pos);
+            }
+        }
+        Ok(whole && pos >= end)
+    }
+
     /// The extent `[first VMA start, last VMA end)` of the VMAs covering `[start, end)`, if
     /// they cover it with no hole; `None` if part of the range is unmapped.
     pub(crate) fn extent(&self, start: u64, end: u64) -> io::Result<Option<(u64, u64)>> {
@@ -190,6 +229,20 @@ mod tests {
         for query in [true, false] {
             v.query = query && Vmas::open().unwrap().query;
             assert_eq!(v.extent(p, p + 3 * pg).unwrap(), None);
+        }
+        for query in [true, false] {
+            v.query = query && Vmas::open().unwrap().query;
+            let mut parts = Vec::new();
+            let whole = v
+                .for_each_mapped(p + 10, p + 3 * pg, |s, e| parts.push((s, e)))
+                .unwrap();
+            assert!(!whole);
+            assert_eq!(parts, [(p + 10, p + pg), (p + pg, p + 2 * pg)]);
+            parts.clear();
+            assert!(v
+                .for_each_mapped(p, p + 2 * pg, |s, e| parts.push((s, e)))
+                .unwrap());
+            assert_eq!(parts, [(p, p + pg), (p + pg, p + 2 * pg)]);
         }
         // SAFETY: our own mapping.
         unsafe { libc::munmap(p as *mut libc::c_void, (2 * pg) as usize) };

@@ -141,3 +141,59 @@ pub fn in_child(child: impl FnOnce() -> i32) -> i32 {
     unsafe { libc::kill(pid, libc::SIGKILL) };
     panic!("forked child hung");
 }
+
+/// Another library's userfaultfd context (libfabric's or PSM3's monitor in the same process)
+/// owning `[addr, addr + len)`: a context of its own, registered in missing mode over the range
+/// (its pages must be populated, so nothing faults). Our notifiers' watches on those pages get
+/// `EBUSY` from the kernel for as long as the returned fd is open.
+pub fn foreign_userfaultfd(addr: usize, len: usize) -> std::os::fd::OwnedFd {
+    use std::os::fd::FromRawFd;
+    const UFFD_USER_MODE_ONLY: libc::c_int = 1;
+    const UFFDIO_API: libc::c_ulong = 0xc018_aa3f;
+    const UFFDIO_REGISTER: libc::c_ulong = 0xc020_aa00;
+    const MODE_MISSING: u64 = 1;
+    let open = |flags: libc::c_int| {
+        // SAFETY: userfaultfd with flags only.
+        unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | flags) }
+    };
+    let mut fd = open(0);
+    if fd < 0 {
+        fd = open(UFFD_USER_MODE_ONLY);
+    }
+    assert!(fd >= 0, "userfaultfd: {}", std::io::Error::last_os_error());
+    // SAFETY: a new fd returned by the kernel, owned by nobody else.
+    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) };
+    let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
+    let mut api = [0xAAu64, 0, 0]; // struct uffdio_api { api, features, ioctls }
+                                   // SAFETY: UFFDIO_API with a 24-byte struct uffdio_api.
+    let r = unsafe { libc::ioctl(raw, UFFDIO_API, api.as_mut_ptr()) };
+    assert_eq!(r, 0, "UFFDIO_API: {}", std::io::Error::last_os_error());
+    // struct uffdio_register { range { start, len }, mode, ioctls }
+    let mut reg = [addr as u64, len as u64, MODE_MISSING, 0];
+    // SAFETY: UFFDIO_REGISTER with a 32-byte struct uffdio_register over our own mapping.
+    let r = unsafe { libc::ioctl(raw, UFFDIO_REGISTER, reg.as_mut_ptr()) };
+    assert_eq!(r, 0, "UFFDIO_REGISTER: {}", std::io::Error::last_os_error());
+    fd
+}
+
+/// Whether the page at `addr` is registered with a userfaultfd context in write-protect mode
+/// (the kernel's own view: `uw` in the `VmFlags` of its VMA in `/proc/self/smaps`).
+pub fn uffd_wp_registered(addr: usize) -> bool {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").expect("read /proc/self/smaps");
+    let mut inside = false;
+    for line in smaps.lines() {
+        let head = line.split_whitespace().next().unwrap_or("");
+        if let Some((s, e)) = head.split_once('-') {
+            if let (Ok(s), Ok(e)) = (usize::from_str_radix(s, 16), usize::from_str_radix(e, 16)) {
+                inside = s <= addr && addr < e;
+                continue;
+            }
+        }
+        if inside {
+            if let Some(flags) = line.strip_prefix("VmFlags:") {
+                return flags.split_whitespace().any(|f| f == "uw");
+            }
+        }
+    }
+    false
+}

@@ -29,6 +29,8 @@ use ummunotify::cache::{Cache, Config};
 use ummunotify::registrar::{FixedBuf, IoUringRegistrar, Registrar};
 use ummunotify::{Cookie, Notifier, Region};
 use ummunotify_testkit::pagemap;
+use ummunotify_testkit::remove_race::{read_stamp, stamp as churn_stamp, Buffers, Change as Seq};
+use ummunotify_testkit::remove_race::{RemoveKind, Remover};
 use ummunotify_testkit::uring::UringMadvise;
 
 /// The last operations of each worker thread, kept where a core dump shows them: in gdb,
@@ -49,6 +51,8 @@ pub const OP_HEAP: u64 = 4;
 /// `[OP_THREAD | OP_FORK, 0, 0, 0]`, before.
 pub const OP_THREAD: u64 = 5;
 pub const OP_FORK: u64 = 6;
+/// `[OP_CHURN, shared buffer start, path (0 register, 1 cache, 2 re-arm), 0]`, before.
+pub const OP_CHURN: u64 = 7;
 
 /// One worker's ring of recent operations (see [`TRACE`]).
 pub struct Trace {
@@ -106,6 +110,7 @@ impl Trace {
                     OP_HEAP => "heap".to_owned(),
                     OP_THREAD => "thread".to_owned(),
                     OP_FORK => "fork".to_owned(),
+                    OP_CHURN => "churn".to_owned(),
                     _ => "?".to_owned(),
                 };
                 format!("  #{i} {name} {a:#x} {b:#x} {c:#x}\n")
@@ -195,6 +200,18 @@ pub fn install_crash_report() {
     }
 }
 
+/// Environment variable: `1` turns the REMOVE-in-flight protection (issue 9) off for the run,
+/// to show the torture catches the bug it prevents (the run then fails).
+pub const UNPROTECTED_ENV: &str = "UMN_TORTURE_UNPROTECTED";
+
+/// Turns the protection off when [`UNPROTECTED_ENV`] is `1` (before any notifier exists).
+pub fn unprotected_if_asked() {
+    if std::env::var_os(UNPROTECTED_ENV).is_some_and(|v| v == "1") {
+        eprintln!("{UNPROTECTED_ENV}=1: REMOVE-in-flight protection off, the run should fail");
+        ummunotify::__testing::disable_remove_in_flight();
+    }
+}
+
 /// How a run is set up.
 #[derive(Clone, Debug)]
 pub struct Params {
@@ -210,6 +227,10 @@ pub struct Params {
     /// with `None` after the workers stopped, before it is dropped: lets a test put memory of
     /// its own on the same notifier (the signal storm's victim page).
     pub on_notifier: Option<fn(Option<&Notifier>)>,
+    /// REMOVE churn (issue 9): shared buffers that a changer thread drops again and again with
+    /// every REMOVE-producing kind while the workers register, pin, re-arm and get them through
+    /// the cache (see [`Churn`]).
+    pub remove_churn: bool,
 }
 
 /// What a run did.
@@ -235,6 +256,11 @@ pub struct Totals {
     /// mremap moves the kernel refused part-way, after moving some VMAs (Linux 6.17+ moves
     /// several VMAs in one call and stops at a userfaultfd-watched one).
     pub partial_moves: u64,
+    /// REMOVE churn: changes the changer made, uses judged, and registrations / re-arms / gets
+    /// begun inside a REMOVE of their buffer and checked after it returned (the window).
+    pub churn_changes: u64,
+    pub churn_judged: u64,
+    pub churn_racing: u64,
     pub elapsed: Duration,
 }
 
@@ -275,6 +301,9 @@ struct Counters {
     kinds: [AtomicU64; KINDS],
     /// mremap moves the kernel refused part-way (see `Worker::repair_partial_move`).
     partial_moves: AtomicU64,
+    churn_changes: AtomicU64,
+    churn_judged: AtomicU64,
+    churn_racing: AtomicU64,
 }
 
 /// The io_uring registrar, recording the frames it pinned (the PFN oracle's reference).
@@ -322,6 +351,77 @@ struct World {
     /// and recording, so an owner that drains under it sees all events of its regions.
     ledger: Mutex<HashMap<u64, u32>>,
     last_fork: Mutex<Instant>,
+    churn: Option<Churn>,
+}
+
+/// Shared buffers for the REMOVE churn: anonymous ones (DONTNEED, FREE, DONTNEED_LOCKED,
+/// process_madvise, IORING_OP_MADVISE) and shmem ones (MADV_REMOVE), each with the seqlock that
+/// says which uses may be judged (`testkit::remove_race`).
+pub struct Churn {
+    sets: [(Buffers, Vec<Seq>); 2],
+}
+
+const CHURN_BUFS: usize = 8;
+const CHURN_PAGES: usize = 4;
+/// The kinds the changer cycles through on the anonymous buffers (the shmem ones get
+/// `MADV_REMOVE`).
+const CHURN_ANON: [RemoveKind; 5] = [
+    RemoveKind::Dontneed,
+    RemoveKind::DontneedLocked,
+    RemoveKind::ProcessMadvise,
+    RemoveKind::UringMadvise,
+    RemoveKind::Free,
+];
+
+impl Churn {
+    fn new() -> Churn {
+        let set = |shmem| {
+            let b = Buffers::new(CHURN_BUFS, CHURN_PAGES * page(), shmem).expect("churn buffers");
+            (b, (0..CHURN_BUFS).map(|_| Seq::default()).collect())
+        };
+        Churn {
+            sets: [set(false), set(true)],
+        }
+    }
+
+    fn range(&self, set: usize, i: usize) -> Range<usize> {
+        let a = self.sets[set].0.addr(i);
+        a..a + self.sets[set].0.len()
+    }
+
+    /// The changer: one buffer after another, each kind in turn, until `stop`.
+    fn changer(&self, w: &World) {
+        let mut removers: Vec<Remover> = CHURN_ANON
+            .iter()
+            .chain([&RemoveKind::RemoveShmem])
+            .filter_map(|&k| match Remover::new(k) {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    ummunotify_testkit::require::skip_or_fail(
+                        "torture REMOVE churn",
+                        &format!("{} ({e})", k.name()),
+                    );
+                    None
+                }
+            })
+            .collect();
+        let mut n = 0u64;
+        while !w.stop.load(Relaxed) && !removers.is_empty() {
+            let k = (n as usize) % removers.len();
+            let set = usize::from(removers[k].kind().needs_shmem());
+            let i = ((n / removers.len() as u64) % CHURN_BUFS as u64) as usize;
+            let r = self.range(set, i);
+            // SAFETY: the churn buffers are the changer's to drop; nothing references them.
+            unsafe {
+                removers[k].change(&self.sets[set].1[i], r.start, r.len(), page(), {
+                    churn_stamp(i, n)
+                })
+            }
+            .unwrap_or_else(|e| panic!("churn {}: {e}", removers[k].kind().name()));
+            n += 1;
+        }
+        w.c.churn_changes.store(n, SeqCst);
+    }
 }
 
 /// Panics with the seed, where, and the thread's last operations.
@@ -336,6 +436,42 @@ macro_rules! fail {
 }
 
 impl World {
+    /// The REMOVE churn's oracle: one check of a registration (re-arm, get) begun at seqlock
+    /// value `born`, `before` read before the check, `dev` (what the device read through the pin)
+    /// and `mapped` after it. A judged use must carry the mapped bytes.
+    #[allow(clippy::too_many_arguments)]
+    fn churn_check(
+        &self,
+        t: usize,
+        seq: &Seq,
+        born: &mut u64,
+        before: u64,
+        valid: bool,
+        dev: u64,
+        mapped: u64,
+        what: &str,
+    ) {
+        if !seq.judged(before) {
+            return;
+        }
+        if *born % 2 == 1 && before > *born {
+            self.c.churn_racing.fetch_add(1, Relaxed);
+            *born = 0;
+        }
+        if !valid {
+            return;
+        }
+        self.c.churn_judged.fetch_add(1, Relaxed);
+        if dev != mapped {
+            fail!(
+                self,
+                t,
+                "REMOVE churn ({what}): stale registration, the device read {dev:#x} through the \
+                 pin, memory holds {mapped:#x} (a registration made while a REMOVE was in flight)"
+            );
+        }
+    }
+
     /// Reads pending user events into the ledger (under its lock).
     fn collect(&self) -> std::sync::MutexGuard<'_, HashMap<u64, u32>> {
         let mut l = self.ledger.lock().unwrap_or_else(|p| p.into_inner());
@@ -636,6 +772,30 @@ struct Worker<'w> {
     stamp: u64,
     pidfd: i32,
     uring_madvise: Option<UringMadvise>,
+    /// The REMOVE churn's own pins (not the cache's table) and its re-armed region.
+    churn_pins: Option<IoUringRegistrar>,
+    churn_held: Option<Held>,
+}
+
+/// What the device reads through `key` at `addr`: 8 bytes written with `WRITE_FIXED` into
+/// `file` and read back.
+fn churn_device(file: &File, pins: &IoUringRegistrar, key: &FixedBuf, addr: usize) -> u64 {
+    let n = pins
+        .write_fixed(key, addr, 8, file.as_fd(), 0)
+        .expect("churn write_fixed");
+    assert_eq!(n, 8, "churn write_fixed: short write");
+    let mut b = [0u8; 8];
+    file.read_exact_at(&mut b, 0).unwrap();
+    u64::from_ne_bytes(b)
+}
+
+/// A region the churn keeps registered and pinned over a shared buffer, re-armed on events.
+struct Held {
+    set: usize,
+    i: usize,
+    cookie: Cookie,
+    key: FixedBuf,
+    born: u64,
 }
 
 impl Worker<'_> {
@@ -1109,10 +1269,123 @@ impl Worker<'_> {
         self.w.c.forks.fetch_add(1, Relaxed);
     }
 
+    /// A registration, a cache get or a re-arm over a shared buffer the changer is dropping.
+    fn op_churn(&mut self) {
+        let (Some(c), Some(pins)) = (self.w.churn.as_ref(), self.churn_pins.as_ref()) else {
+            return;
+        };
+        let set = self.rng.below(2) as usize;
+        let i = self.rng.below(CHURN_BUFS as u64) as usize;
+        let r = c.range(set, i);
+        let seq = &c.sets[set].1[i];
+        let path = self.rng.below(3);
+        self.trace([OP_CHURN, r.start as u64, path, 0]);
+        let n = self.w.cache.notifier();
+        let (w, t) = (self.w, self.t);
+        match path {
+            0 => {
+                let mut born = seq.read();
+                self.next_cookie += 1;
+                let cookie = Cookie(((t as u64 + 1) << 40) | 1 << 39 | self.next_cookie);
+                let region = n
+                    .register(r.clone(), cookie)
+                    .unwrap_or_else(|e| fail!(w, t, "churn register: {e}"));
+                let key = pins.register(r.clone()).expect("churn pin");
+                for _ in 0..4 {
+                    let before = seq.read();
+                    let valid = n.is_valid(region);
+                    let dev = churn_device(&self.file, pins, &key, r.start);
+                    // SAFETY: a mapped churn buffer.
+                    let mapped = unsafe { read_stamp(r.start) };
+                    w.churn_check(t, seq, &mut born, before, valid, dev, mapped, "register");
+                    if !valid {
+                        break;
+                    }
+                }
+                pins.deregister(&key, r.clone()).expect("churn unpin");
+                let mut l = w.collect();
+                n.unregister(cookie).expect("churn unregister");
+                l.remove(&cookie.0);
+            }
+            1 => {
+                let mut born = seq.read();
+                let before = born;
+                let h = w
+                    .cache
+                    .get(r.start, r.len())
+                    .unwrap_or_else(|e| fail!(w, t, "churn cache.get: {e}"));
+                let dev = churn_device(
+                    &self.file,
+                    &w.cache.registrar().uring,
+                    &h.key().buf,
+                    r.start,
+                );
+                // SAFETY: a mapped churn buffer.
+                let mapped = unsafe { read_stamp(r.start) };
+                drop(h);
+                w.churn_check(t, seq, &mut born, before, true, dev, mapped, "cache");
+            }
+            _ => {
+                // Keep one region registered and pinned; read events (re-arming it) and re-pin
+                // at once, the MPI pattern. Now and then move it to another buffer.
+                if self
+                    .churn_held
+                    .as_ref()
+                    .is_some_and(|h| self.rng.chance(10) || h.set != set)
+                {
+                    let h = self.churn_held.take().unwrap();
+                    let hr = c.range(h.set, h.i);
+                    pins.deregister(&h.key, hr).expect("churn unpin");
+                    let mut l = w.collect();
+                    n.unregister(h.cookie).expect("churn unregister");
+                    l.remove(&h.cookie.0);
+                }
+                if self.churn_held.is_none() {
+                    self.next_cookie += 1;
+                    let cookie = Cookie(((t as u64 + 1) << 40) | 1 << 39 | self.next_cookie);
+                    let born = seq.read();
+                    n.register(r.clone(), cookie)
+                        .unwrap_or_else(|e| fail!(w, t, "churn register: {e}"));
+                    let key = pins.register(r.clone()).expect("churn pin");
+                    self.churn_held = Some(Held {
+                        set,
+                        i,
+                        cookie,
+                        key,
+                        born,
+                    });
+                }
+                let h = self.churn_held.as_mut().unwrap();
+                let hr = c.range(h.set, h.i);
+                let hseq = &c.sets[h.set].1[h.i];
+                // Re-arm: the read re-arms every region with an event; a fresh token and pin.
+                let born = hseq.read();
+                drop(w.collect());
+                let token = n.region(h.cookie).expect("churn region");
+                pins.deregister(&h.key, hr.clone()).expect("churn unpin");
+                h.key = pins.register(hr.clone()).expect("churn pin");
+                if born % 2 == 1 {
+                    h.born = born;
+                }
+                let before = hseq.read();
+                let valid = n.is_valid(token);
+                let dev = churn_device(&self.file, pins, &h.key, hr.start);
+                // SAFETY: a mapped churn buffer.
+                let mapped = unsafe { read_stamp(hr.start) };
+                w.churn_check(t, hseq, &mut h.born, before, valid, dev, mapped, "re-arm");
+            }
+        }
+    }
+
     fn run(&mut self) {
         let mut since_collect = 0;
         while !self.w.stop.load(Relaxed) {
             let c = self.rng.below(1000);
+            if self.w.churn.is_some() && self.rng.chance(40) {
+                self.op_churn();
+                self.w.c.ops.fetch_add(1, Relaxed);
+                continue;
+            }
             match c {
                 0..=399 => self.op_io(),
                 400..=699 => self.op_change(),
@@ -1135,6 +1408,21 @@ impl Worker<'_> {
     }
 
     fn finish(&mut self) {
+        if let (Some(h), Some(c), Some(pins)) = (
+            self.churn_held.take(),
+            self.w.churn.as_ref(),
+            self.churn_pins.as_ref(),
+        ) {
+            pins.deregister(&h.key, c.range(h.set, h.i))
+                .expect("churn unpin");
+            let mut l = self.w.collect();
+            self.w
+                .cache
+                .notifier()
+                .unregister(h.cookie)
+                .expect("churn unregister");
+            l.remove(&h.cookie.0);
+        }
         for i in 0..BUFS {
             if let Some(u) = self.bufs[i].user.take() {
                 self.unregister_user(u);
@@ -1247,6 +1535,7 @@ pub fn run(p: Params) -> Totals {
         c: Counters::default(),
         ledger: Mutex::new(HashMap::new()),
         last_fork: Mutex::new(Instant::now()),
+        churn: p.remove_churn.then(Churn::new),
     };
     if let Some(hook) = p.on_notifier {
         hook(Some(world.cache.notifier()));
@@ -1297,10 +1586,22 @@ pub fn run(p: Params) -> Totals {
                         } else {
                             None
                         },
+                        churn_pins: w
+                            .churn
+                            .as_ref()
+                            .map(|_| IoUringRegistrar::new(4).expect("churn io_uring")),
+                        churn_held: None,
                     };
                     wk.run();
                     wk.finish();
                 })
+                .unwrap();
+        }
+        if let Some(c) = world.churn.as_ref() {
+            let w = &world;
+            std::thread::Builder::new()
+                .name("torture-churn".into())
+                .spawn_scoped(s, move || c.changer(w))
                 .unwrap();
         }
         std::thread::sleep(p.duration);
@@ -1336,8 +1637,45 @@ pub fn run(p: Params) -> Totals {
             .map(|&k| (k.name(), l(&c.kinds[k as usize])))
             .collect(),
         partial_moves: l(&c.partial_moves),
+        churn_changes: l(&c.churn_changes),
+        churn_judged: l(&c.churn_judged),
+        churn_racing: l(&c.churn_racing),
         elapsed: start.elapsed(),
     }
+}
+
+/// A whole torture test: the crash report, the protection switch ([`UNPROTECTED_ENV`]), a run
+/// with the usual parameters (`UMN_TORTURE_SEED`, `UMN_TORTURE_THREADS`, `UMN_TORTURE_SECS`,
+/// default `default_secs`), its report, and the checks that it did what it should: I/O, changes
+/// and checks, every change kind run as itself, and with `remove_churn` the window exercised.
+pub fn torture_test(what: &str, remove_churn: bool, default_secs: u64) -> Totals {
+    install_crash_report();
+    unprotected_if_asked();
+    let p = Params {
+        seed: seed("UMN_TORTURE_SEED"),
+        threads: env_u64("UMN_TORTURE_THREADS", 3).clamp(1, 8) as usize,
+        duration: Duration::from_secs(env_u64("UMN_TORTURE_SECS", default_secs)),
+        fork_every: Duration::from_millis(250),
+        uring_madvise: true,
+        on_notifier: None,
+        remove_churn,
+    };
+    let t = run(p.clone());
+    report(what, &p, &t);
+    if t.ops > 0 {
+        assert!(t.io > 0 && t.changes > 0 && t.checks() > 0, "{t:?}");
+        // A kind that never ran (IORING_OP_MADVISE falling back to plain madvise, say) is a
+        // hole in the run, not a pass.
+        let never = t.kinds_never_run(&p);
+        assert!(never.is_empty(), "change kinds that never ran: {never:?}");
+        // The churn ran and hit the window: uses judged, and registrations, re-arms and gets
+        // begun inside a REMOVE of their buffer were checked after it returned.
+        assert!(
+            !remove_churn || (t.churn_changes > 0 && t.churn_judged > 0 && t.churn_racing > 0),
+            "the REMOVE churn did not exercise the window: {t:?}"
+        );
+    }
+    t
 }
 
 /// Prints the totals of a run in one block.
@@ -1375,4 +1713,11 @@ pub fn report(what: &str, p: &Params, t: &Totals) {
         kinds.join(", "),
         t.partial_moves
     );
+    if p.remove_churn {
+        eprintln!(
+            "{what}: REMOVE churn: {} changes, {} judged uses, {} registrations/re-arms/gets begun \
+             inside a REMOVE and checked after it returned",
+            t.churn_changes, t.churn_judged, t.churn_racing
+        );
+    }
 }

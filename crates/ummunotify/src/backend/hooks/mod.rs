@@ -20,7 +20,7 @@
 //! # Visibility rule (guarantee 1)
 //! A hook invalidates the registered regions on the affected pages *in the calling thread,
 //! before the syscall*, through the notifier's usual path (index lock, counter odd, `INVALID`,
-//! queue, counter even: `Shared::invalidate_in_thread`), and again *after* it for regions
+//! queue, counter even: `Sink::invalidate_in_thread`), and again *after* it for regions
 //! registered while the call ran. So once the call returns, every check sees the change, with
 //! no monitor thread and no round trip; and a registration made during the call never stays
 //! valid after it (the start/end pair userfaultfd's `REMOVE` lacks).
@@ -58,7 +58,7 @@
 //! Installing is permanent. From then on every hooked libc call pays the stub, a sharded call
 //! counter and the filter's loads (tens of ns); one on watched pages also two `rt_sigprocmask`
 //! calls and the index lock twice (`umn bench`: about 1.5× an unregistered munmap).
-#![allow(unsafe_code)] // The sink table hands raw `Shared` pointers to hooks.
+#![allow(unsafe_code)] // The sink table hands raw pointers to hooks.
 
 #[cfg(target_arch = "x86_64")]
 mod calls;
@@ -68,24 +68,65 @@ mod maps;
 #[cfg(target_arch = "x86_64")]
 mod patch;
 
-use std::sync::atomic::Ordering::{Acquire, Relaxed, SeqCst};
-use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicUsize};
+use std::sync::atomic::AtomicI32;
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 use std::sync::{Arc, OnceLock};
 
 pub(crate) use filter::{maybe_watched, Watch};
 
-use crate::notifier::Shared;
+use super::table::{Place, SinkTable};
+use super::{Delivery, Watcher};
+use crate::sink::Sink;
+
+/// The hooks backend of one notifier: its pages in the global filter.
+///
+/// Visibility rule: in the calling thread, before calling through (and again after).
+struct HooksWatcher {
+    watch: Watch,
+}
+
+/// A hooks [`Watcher`] (the hooks must be installed: [`install`]).
+pub(crate) fn watcher() -> Box<dyn Watcher> {
+    Box::new(HooksWatcher {
+        watch: Watch::new(),
+    })
+}
+
+impl Watcher for HooksWatcher {
+    fn watch(&self, start: u64, end: u64) -> crate::Result<()> {
+        self.watch.watch(start, end);
+        Ok(())
+    }
+
+    fn unwatch(&self, start: u64, end: u64) {
+        self.watch.unwatch(start, end);
+    }
+
+    fn splits_vmas(&self) -> bool {
+        // The filter is ours: watching splits no VMA, so the watch policy never widens.
+        false
+    }
+
+    fn deliver(&self, sink: Arc<dyn Sink>) -> crate::Result<Box<dyn Delivery>> {
+        publish(sink)
+    }
+}
+
+/// Hands `sink` to the hooks (every hooked call on its watched pages calls its
+/// `invalidate_in_thread`) until the returned delivery stops.
+pub(crate) fn publish(sink: Arc<dyn Sink>) -> crate::Result<Box<dyn Delivery>> {
+    let p = Published::publish(sink).ok_or(crate::Error::Os {
+        op: "hooks registration",
+        source: std::io::Error::other("too many live hooks notifiers in this process"),
+    })?;
+    Ok(Box::new(p))
+}
 
 // ---------------------------------------------------------------------------------------------
 // The sinks: the notifiers hooks deliver to.
 
-const MAX_SINKS: usize = 64;
-static SINKS: [AtomicPtr<Shared>; MAX_SINKS] =
-    [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_SINKS];
-/// Hooks using slot `i` right now.
-static USERS: [AtomicUsize; MAX_SINKS] = [const { AtomicUsize::new(0) }; MAX_SINKS];
-/// Slots ever used (the hooks scan `0..HIGH`).
-static HIGH: AtomicUsize = AtomicUsize::new(0);
+/// The hooks notifiers of the process.
+static SINKS: SinkTable<64> = SinkTable::new();
 /// The process that published the sinks (a forked child has another pid).
 static OWNER: AtomicI32 = AtomicI32::new(0);
 
@@ -104,21 +145,7 @@ pub(crate) fn invalidate(start: u64, end: u64, unmap: bool, again: bool) {
     if OWNER.load(Relaxed) != getpid_raw() {
         return; // a forked child: its registrations are poisoned, and locks may be held
     }
-    let high = HIGH.load(Acquire).min(MAX_SINKS);
-    for i in 0..high {
-        if SINKS[i].load(Relaxed).is_null() {
-            continue;
-        }
-        USERS[i].fetch_add(1, SeqCst);
-        let p = SINKS[i].load(SeqCst);
-        if !p.is_null() {
-            // SAFETY: a non-null slot is a live `Shared`: `Sink::drop` clears the slot and then
-            // waits until `USERS[i]` is zero before releasing it, and our increment (SeqCst)
-            // came before this load.
-            unsafe { (*p).invalidate_in_thread(start, end, unmap, again) };
-        }
-        USERS[i].fetch_sub(1, SeqCst);
-    }
+    SINKS.for_each(|sink| sink.invalidate_in_thread(start, end, unmap, again));
 }
 
 extern "C" fn fork_prepare() {
@@ -134,10 +161,7 @@ extern "C" fn fork_parent() {
 }
 
 extern "C" fn fork_child() {
-    for (s, u) in SINKS.iter().zip(&USERS) {
-        s.store(std::ptr::null_mut(), SeqCst);
-        u.store(0, SeqCst);
-    }
+    SINKS.clear_in_child();
     filter::fork_release();
 }
 
@@ -155,37 +179,32 @@ pub(crate) fn guard_fork() {
 /// Set while [`install_now`] runs.
 static INSTALLING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// A notifier's place in the sink table; leaving it waits for hooks still inside.
-pub(crate) struct Sink {
-    slot: usize,
-    shared: Option<Arc<Shared>>,
-}
+/// A notifier's place in the sink table ([`Delivery`] of the hooks backend); leaving it waits
+/// for hooks still inside.
+struct Published(Option<Place>);
 
-impl Sink {
-    /// Publishes `shared` to the hooks. `None` when the table is full.
-    pub(crate) fn publish(shared: Arc<Shared>) -> Option<Sink> {
+impl Published {
+    /// Publishes `sink` to the hooks. `None` when the table is full.
+    fn publish(sink: Arc<dyn Sink>) -> Option<Published> {
         guard_fork();
         OWNER.store(getpid_raw(), SeqCst);
-        let ptr = Arc::as_ptr(&shared) as *mut Shared;
-        let slot = SINKS.iter().position(|s| {
-            s.compare_exchange(std::ptr::null_mut(), ptr, SeqCst, SeqCst)
-                .is_ok()
-        })?;
-        HIGH.fetch_max(slot + 1, SeqCst);
-        Some(Sink {
-            slot,
-            shared: Some(shared),
-        })
+        SINKS.publish(sink).map(|p| Published(Some(p)))
     }
 }
 
-impl Drop for Sink {
+impl Delivery for Published {
+    fn stop(self: Box<Self>, _forked: bool) {
+        // A forked child's table was emptied by `fork_child` (and its user counts zeroed):
+        // dropping waits for nothing there either.
+        drop(self);
+    }
+}
+
+impl Drop for Published {
     fn drop(&mut self) {
-        SINKS[self.slot].store(std::ptr::null_mut(), SeqCst);
-        while USERS[self.slot].load(SeqCst) != 0 {
-            std::thread::yield_now();
+        if let Some(p) = self.0.take() {
+            SINKS.retire(p);
         }
-        drop(self.shared.take());
     }
 }
 

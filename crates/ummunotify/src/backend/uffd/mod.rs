@@ -1,16 +1,22 @@
 //! The userfaultfd backend: write-protect-mode registration (never write-protected, so no faults)
 //! with the non-cooperative `UNMAP`, `REMOVE` and `REMAP` events.
-#![allow(unsafe_code)] // Only `Uffd::close_from_monitor`/`Drop`: closing the fd from the monitor thread.
+#![allow(unsafe_code)] // Closing the fd from the monitor thread (`Uffd`), the context's fork-safe lock.
 pub(crate) mod monitor;
 pub(crate) mod sys;
 
+use std::cell::UnsafeCell;
 use std::io;
 use std::mem::ManuallyDrop;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::sync::{Arc, Mutex, MutexGuard, Once, Weak};
 
-use super::{BackendReport, Invalidation};
-use crate::Unsupported;
+use super::table::{Place, SinkTable};
+use super::{BackendReport, Delivery, Invalidation, Watcher};
+use crate::coverage::Coverage;
+use crate::sink::Sink;
+use crate::{Error, Unsupported};
 use sys::feature;
 
 const REQUIRED: u64 = feature::EVENT_UNMAP | feature::EVENT_REMOVE | feature::EVENT_REMAP;
@@ -140,6 +146,353 @@ impl Drop for Uffd {
             // SAFETY: not closed yet, and we have exclusive access.
             unsafe { ManuallyDrop::drop(&mut self.fd) };
         }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// One context per process (issue 10, item 4).
+
+/// Notifiers one context serves at once (as many as `crate::fork` tracks).
+pub(crate) const MAX_SINKS: usize = 1024;
+
+/// What the monitor thread shares with the context.
+pub(crate) struct Inner {
+    pub(crate) uffd: Uffd,
+    /// Every live notifier on this context: each message goes to all of them.
+    pub(crate) sinks: SinkTable<MAX_SINKS>,
+    /// The monitor could not read: it drains messages but delivers none (its sinks are dead).
+    pub(crate) dead: AtomicBool,
+}
+
+/// The process's userfaultfd context, shared by every notifier on the userfaultfd backend
+/// (Rust, C, the cache's, each 2010 descriptor): one kernel context, so no notifier's watch is
+/// refused (`EBUSY`) for pages another of ours watches, and one monitor thread that hands each
+/// message to every notifier's sink (each applies it to its own regions only).
+///
+/// Watches are counted per page across notifiers ([`Coverage`] of the watchers watching each
+/// page): a notifier that stops watching a page unwatches it in the kernel only when no other
+/// notifier watches it. The context goes (its monitor stops, the fd closes) with the last
+/// notifier on it; the next notifier opens a new one.
+pub(crate) struct Context {
+    inner: Arc<Inner>,
+    /// Started by the first `deliver`.
+    monitor: Mutex<Option<monitor::Monitor>>,
+    /// The process that opened it (a forked child must neither join nor touch it).
+    pid: i32,
+    /// Per page, how many notifiers watch it.
+    watched: Mutex<Coverage>,
+    /// Watchers on this context that are not hybrid: while any lives, the hooks must not remove
+    /// watches (that notifier would not see the change), see [`Context::unwatch_in_hook`].
+    plain: AtomicUsize,
+}
+
+fn getpid() -> i32 {
+    // SAFETY: no preconditions.
+    unsafe { libc::getpid() }
+}
+
+/// The current context: a spin lock of our own (a forked child resets it, so it never inherits
+/// it held) around a weak reference.
+struct Current {
+    busy: AtomicBool,
+    ctx: UnsafeCell<Option<Weak<Context>>>,
+}
+
+// SAFETY: `ctx` is only reached while `busy` is held (`Current::with`), or by the atfork child
+// handler, when this is the only thread.
+unsafe impl Sync for Current {}
+
+static CURRENT: Current = Current {
+    busy: AtomicBool::new(false),
+    ctx: UnsafeCell::new(None),
+};
+
+impl Current {
+    fn with<T>(&self, f: impl FnOnce(&mut Option<Weak<Context>>) -> T) -> T {
+        while self
+            .busy
+            .compare_exchange_weak(false, true, Acquire, Relaxed)
+            .is_err()
+        {
+            std::thread::yield_now();
+        }
+        // SAFETY: `busy` is held: no other reference to the cell exists.
+        let r = f(unsafe { &mut *self.ctx.get() });
+        self.busy.store(false, Release);
+        r
+    }
+}
+
+extern "C" fn forget_context_in_child() {
+    // SAFETY: the only thread of the child. The parent's weak reference is leaked, not dropped
+    // (dropping may free, and a parent's thread may have held the allocator's lock).
+    unsafe { std::ptr::write(CURRENT.ctx.get(), None) };
+    CURRENT.busy.store(false, Release);
+}
+
+impl Context {
+    /// The process's context: the current one, or a new one opened now.
+    pub(crate) fn shared() -> Result<Arc<Context>, Unsupported> {
+        static ATFORK: Once = Once::new();
+        ATFORK.call_once(|| {
+            // SAFETY: registers a handler with no preconditions that lives for the process.
+            unsafe { libc::pthread_atfork(None, None, Some(forget_context_in_child)) };
+        });
+        let pid = getpid();
+        let live = |w: &Option<Weak<Context>>| {
+            w.as_ref()
+                .and_then(Weak::upgrade)
+                .filter(|c| c.pid == pid && !c.inner.dead.load(SeqCst))
+        };
+        if let Some(c) = CURRENT.with(|w| live(w)) {
+            return Ok(c);
+        }
+        // Opened outside the lock (it takes syscalls); the first to install wins.
+        let new = Arc::new(Context {
+            inner: Arc::new(Inner {
+                uffd: Uffd::open()?,
+                sinks: SinkTable::new(),
+                dead: AtomicBool::new(false),
+            }),
+            monitor: Mutex::new(None),
+            pid,
+            watched: Mutex::new(Coverage::new()),
+            plain: AtomicUsize::new(0),
+        });
+        Ok(CURRENT.with(|w| match live(w) {
+            Some(c) => (c, Some(new)),
+            None => {
+                *w = Some(Arc::downgrade(&new));
+                (new, None)
+            }
+        }))
+        .map(|(c, spare)| {
+            drop(spare); // outside the lock: it closes a context
+            c
+        })
+    }
+
+    pub(crate) fn how(&self) -> &'static str {
+        self.inner.uffd.how()
+    }
+
+    fn forked(&self) -> bool {
+        self.pid != getpid()
+    }
+
+    /// Hybrid's hook, before a libc call changes `[start, end)`: removes this context's watch
+    /// from those pages, so the kernel sends no message and the calling thread does not wait
+    /// for the monitor (the hybrid notifiers were invalidated in this thread). Returns whether
+    /// the watch was removed (then the regions' coverage is lost, as with an unmap). Not while a
+    /// non-hybrid notifier shares the context: it sees changes through messages only.
+    ///
+    /// Hook path: one ioctl, no allocation, no lock. Never in a forked child: the hooks
+    /// deliver nothing there (they compare the pid before calling any sink).
+    pub(crate) fn unwatch_in_hook(&self, start: u64, end: u64) -> bool {
+        if self.plain.load(SeqCst) != 0 {
+            return false;
+        }
+        sys::unregister(self.inner.uffd.fd(), start, end - start).is_ok()
+    }
+
+    fn monitor_tid(&self) -> i32 {
+        let m = self.monitor.lock().unwrap_or_else(|p| p.into_inner());
+        m.as_ref().map_or(0, |m| m.tid())
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        let monitor = self
+            .monitor
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if self.forked() {
+            // The monitor thread does not exist here; the fd is this child's copy.
+            std::mem::forget(monitor);
+            self.inner.uffd.close_from_monitor();
+            return;
+        }
+        match monitor {
+            // It closes the context itself before its thread exits (see `Uffd`).
+            Some(m) => m.stop(),
+            None => self.inner.uffd.close_from_monitor(),
+        }
+    }
+}
+
+/// The userfaultfd backend of one notifier: the process's context, and the pages this notifier
+/// asked it to watch (a set: each page counts once in the context's per-page count).
+///
+/// Visibility rule: the busy protocol. The monitor marks every sink busy before each
+/// single-message `read()`; that read is what releases the unmapping thread.
+pub(crate) struct UffdWatcher {
+    ctx: Arc<Context>,
+    mine: Mutex<Coverage>,
+    /// Counted in the context's `plain` (not part of a hybrid watcher).
+    plain: bool,
+}
+
+/// The [`Watcher`] of one notifier on the process's context.
+pub(crate) fn watcher(ctx: Arc<Context>) -> Box<dyn Watcher> {
+    Box::new(UffdWatcher::new(ctx, true))
+}
+
+/// The parts of `[start, end)` that `c` covers.
+fn covered(c: &Coverage, start: u64, end: u64) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    let mut pos = start;
+    for (s, e) in c.uncovered(start, end) {
+        if pos < s {
+            out.push((pos, s));
+        }
+        pos = e;
+    }
+    if pos < end {
+        out.push((pos, end));
+    }
+    out
+}
+
+impl UffdWatcher {
+    /// A watcher on `ctx`; `plain` unless it is the userfaultfd half of a hybrid watcher.
+    pub(crate) fn new(ctx: Arc<Context>, plain: bool) -> UffdWatcher {
+        if plain {
+            ctx.plain.fetch_add(1, SeqCst);
+        }
+        UffdWatcher {
+            ctx,
+            mine: Mutex::new(Coverage::new()),
+            plain,
+        }
+    }
+
+    pub(crate) fn context(&self) -> &Arc<Context> {
+        &self.ctx
+    }
+
+    /// Both locks, the context's first (the order every watcher takes them in).
+    fn locked(&self) -> (MutexGuard<'_, Coverage>, MutexGuard<'_, Coverage>) {
+        let g = self.ctx.watched.lock().unwrap_or_else(|p| p.into_inner());
+        let m = self.mine.lock().unwrap_or_else(|p| p.into_inner());
+        (g, m)
+    }
+
+    /// Unwatches what of `[start, end)` no notifier watches any more.
+    fn unwatch_unneeded(&self, all: &Coverage, start: u64, end: u64) {
+        for (s, e) in all.uncovered(start, end) {
+            // Parts may be unmapped already; the kernel dropped those watches itself.
+            let _ = self.ctx.inner.uffd.unwatch(s, e);
+        }
+    }
+}
+
+impl Watcher for UffdWatcher {
+    fn watch(&self, start: u64, end: u64) -> crate::Result<()> {
+        let (mut all, mut mine) = self.locked();
+        // The whole range, even pages already counted: a watch lost with an unmap may have been
+        // replaced by a new mapping since (watching is idempotent on one context).
+        self.ctx.inner.uffd.watch(start, end).map_err(watch_error)?;
+        for (s, e) in mine.uncovered(start, end) {
+            mine.add(s, e);
+            all.add(s, e);
+        }
+        Ok(())
+    }
+
+    fn unwatch(&self, start: u64, end: u64) {
+        let (mut all, mut mine) = self.locked();
+        for (s, e) in covered(&mine, start, end) {
+            mine.remove(s, e);
+            all.remove(s, e);
+        }
+        // Also pages no notifier counts (the moved watch of an mremap): nobody needs them.
+        self.unwatch_unneeded(&all, start, end);
+    }
+
+    fn splits_vmas(&self) -> bool {
+        true
+    }
+
+    fn deliver(&self, sink: Arc<dyn Sink>) -> crate::Result<Box<dyn Delivery>> {
+        // REMOVE in flight: the signal that tells a remover is back in user space.
+        crate::inflight::install();
+        {
+            let mut m = self.ctx.monitor.lock().unwrap_or_else(|p| p.into_inner());
+            if m.is_none() {
+                let spawned =
+                    monitor::spawn(self.ctx.inner.clone()).map_err(|source| Error::Os {
+                        op: "spawn monitor thread",
+                        source,
+                    })?;
+                *m = Some(spawned);
+            }
+        }
+        let place = self.ctx.inner.sinks.publish(sink).ok_or(Error::Os {
+            op: "userfaultfd registration",
+            source: io::Error::other("too many live notifiers on this process's context"),
+        })?;
+        Ok(Box::new(Published {
+            ctx: self.ctx.clone(),
+            place: Some(place),
+        }))
+    }
+}
+
+impl Drop for UffdWatcher {
+    /// The notifier is gone: its pages are unwatched unless another notifier watches them.
+    fn drop(&mut self) {
+        if self.plain {
+            self.ctx.plain.fetch_sub(1, SeqCst);
+        }
+        if self.ctx.forked() {
+            // A child's ioctls would act on the parent's address space (the context's mm).
+            return;
+        }
+        let (mut all, mut mine) = self.locked();
+        for (s, e) in covered(&mine, 0, !4095) {
+            mine.remove(s, e);
+            all.remove(s, e);
+            self.unwatch_unneeded(&all, s, e);
+        }
+    }
+}
+
+/// A notifier's place among the context's sinks ([`Delivery`] of the userfaultfd backend).
+struct Published {
+    ctx: Arc<Context>,
+    place: Option<Place>,
+}
+
+impl Delivery for Published {
+    fn monitor_tid(&self) -> i32 {
+        self.ctx.monitor_tid()
+    }
+
+    fn stop(mut self: Box<Self>, forked: bool) {
+        if forked {
+            // The monitor does not exist here, and may have held this slot at fork time.
+            std::mem::forget(self);
+            return;
+        }
+        if let Some(p) = self.place.take() {
+            // Returns once the monitor is not delivering to this sink (one message at most).
+            self.ctx.inner.sinks.retire(p);
+        }
+    }
+}
+
+/// Maps a refused `UFFDIO_REGISTER` on a mapped range to a typed error.
+fn watch_error(e: io::Error) -> Error {
+    match e.raw_os_error() {
+        Some(libc::EBUSY) => Error::RangeBusy,
+        Some(libc::ENOMEM) => Error::CoverageLimit(e),
+        Some(libc::EINVAL) | Some(libc::EPERM) => Error::UnsupportedMapping(e),
+        _ => Error::Os {
+            op: "UFFDIO_REGISTER",
+            source: e,
+        },
     }
 }
 

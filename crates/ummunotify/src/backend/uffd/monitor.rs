@@ -8,14 +8,46 @@
 //! *each* single-message `read()` (see `crate::generation`). If it can not continue it marks the
 //! counter dead (every check fails) and keeps draining messages so no unmapping thread hangs.
 use std::io;
+use std::os::fd::{AsFd, OwnedFd};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering::SeqCst};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use super::{decode, sys};
+use super::{decode, sys, Inner, MAX_SINKS};
+use crate::backend::table::Held;
 use crate::backend::Invalidation;
-use crate::notifier::Shared;
+use crate::sink::WindowEnd;
 use crate::sys::{gettid, poll_readable, SignalsBlocked};
+
+/// What the monitor thread and its owner share: the stop request and the thread's tid.
+struct Control {
+    stop_fd: OwnedFd,
+    /// Set before `stop_fd` is signalled (read by the monitor when poll itself fails).
+    stopping: AtomicBool,
+    tid: AtomicI32,
+}
+
+/// The running monitor thread of a context (one per process).
+pub(crate) struct Monitor {
+    handle: JoinHandle<()>,
+    control: Arc<Control>,
+}
+
+impl Monitor {
+    pub(crate) fn tid(&self) -> i32 {
+        self.control.tid.load(SeqCst)
+    }
+
+    /// Stops the thread (it closes the context first) and waits for it. Not in a forked child:
+    /// the thread does not exist there.
+    pub(crate) fn stop(self) {
+        self.control.stopping.store(true, SeqCst);
+        crate::sys::eventfd_signal(self.control.stop_fd.as_fd());
+        let _ = self.handle.join();
+        crate::inflight::forget_monitor(self.control.tid.load(SeqCst));
+    }
+}
 
 /// Starts the monitor with every signal blocked (the mask is inherited at thread creation, so
 /// no signal can ever run a handler on it; the kernel routes process signals to other threads),
@@ -30,75 +62,104 @@ use crate::sys::{gettid, poll_readable, SignalsBlocked};
 /// again. So the closure first records its tid, then tells the spawner it runs, and `spawn`
 /// waits for that: every mapping the thread will make (its stack, TLS, signal stack) exists
 /// before the notifier is handed out. The monitor makes none afterwards (it never allocates).
-pub(crate) fn spawn(shared: Arc<Shared>) -> io::Result<JoinHandle<()>> {
+pub(crate) fn spawn(inner: Arc<Inner>) -> io::Result<Monitor> {
+    let control = Arc::new(Control {
+        stop_fd: crate::sys::eventfd()?,
+        stopping: AtomicBool::new(false),
+        tid: AtomicI32::new(0),
+    });
     let _blocked = SignalsBlocked::new();
     let spawner = std::thread::current();
     let handle = {
-        let shared = shared.clone();
+        let control = control.clone();
         std::thread::Builder::new()
             .name("ummunotify-mon".into())
             .spawn(move || {
                 // The tid doubles as the "running" flag the spawner waits for.
-                shared.set_monitor_tid(gettid());
+                let tid = gettid();
+                crate::inflight::note_monitor(tid);
+                control.tid.store(tid, SeqCst);
                 spawner.unpark();
-                run(&shared);
+                run(&inner, &control);
                 // Before this thread exits (unmapping its stack, freeing its TLS): see `Uffd`.
-                shared.close_uffd();
+                inner.uffd.close_from_monitor();
                 // Dropped only now: the last reference to a thread handle frees it, and the
                 // event path never frees.
                 drop(spawner);
             })?
     };
     // `park` may return spuriously, or at once for an earlier `unpark`: the tid decides.
-    while shared.monitor_tid() == 0 {
+    while control.tid.load(SeqCst) == 0 {
         std::thread::park();
     }
-    Ok(handle)
+    Ok(Monitor { handle, control })
 }
 
-fn run(shared: &Shared) {
+/// The loop: every message goes to every sink the context serves at that moment, each with
+/// its own begin before the read and its end after the message was applied.
+fn run(inner: &Inner, control: &Control) {
+    let uffd = &inner.uffd;
     let mut msg = sys::UffdMsg::default();
+    // Allocated once, before the loop (MAX_SINKS pointer pairs): the event path never does.
+    let mut held = Box::new(Held::<MAX_SINKS>::new());
     let mut dead = false;
-    // The loop ends only when the notifier is dropped: exiting earlier would close the context
-    // under user threads that still use its fd (see `Uffd`), so failures make it dead instead.
+    // The loop ends only when the context is dropped: exiting earlier would close it under
+    // user threads that still use its fd (see `Uffd`), so failures make it dead instead.
     loop {
-        let (uffd_ready, stop) = match poll_readable(shared.uffd_fd(), shared.stop_fd()) {
+        let (uffd_ready, stop) = match poll_readable(uffd.fd(), control.stop_fd.as_fd()) {
             Ok(r) => r,
             Err(_) => {
                 // Can not happen while our fds are open; if it does, every check fails from now
                 // on and we keep trying (slowly) so that unmapping threads are still released.
-                shared.kill();
-                dead = true;
+                die(inner, &mut dead);
                 std::thread::sleep(std::time::Duration::from_millis(1));
-                (true, shared.stopping())
+                (true, control.stopping.load(SeqCst))
             }
         };
         if uffd_ready && !(dead && stop) {
             if dead {
-                // Keep releasing unmapping threads; the counter says DEAD already.
-                let _ = sys::read_one(shared.uffd_fd(), &mut msg);
+                // Keep releasing unmapping threads; every sink's counter says DEAD already,
+                // and one that joined since is killed too.
+                inner.sinks.for_each(|s| s.kill());
+                let _ = sys::read_one(uffd.fd(), &mut msg);
                 continue;
             }
-            shared.begin_message();
-            match sys::read_one(shared.uffd_fd(), &mut msg) {
+            // The set of sinks for this message: one joining after this point missed nothing
+            // it could have watched (its watch came after the change the message reports).
+            inner.sinks.hold_all(&mut held);
+            held.each(|s| s.begin());
+            match sys::read_one(uffd.fd(), &mut msg) {
                 Ok(Some(())) => {
                     let inv = decode(&msg);
-                    // A REMOVE's zap comes after this read: in flight until its sender is back.
-                    if let Invalidation::Remove { start, end } = inv {
-                        shared.record_remove(start, end);
-                    }
-                    if catch_unwind(AssertUnwindSafe(|| shared.apply(inv))).is_err() {
-                        shared.kill();
-                        dead = true;
-                    }
+                    // Sink by sink, so each one's end (which takes back what `begin` showed
+                    // when the message hit none of its regions) comes as early as it can.
+                    held.each(|s| {
+                        // A REMOVE's zap comes after this read: a window the in-flight
+                        // protocol ends (userfaultfd sends no "end").
+                        // (`__testing::disable_remove_in_flight` turns this off, as before
+                        // issue 9.)
+                        if let Invalidation::Remove { start, end } = inv {
+                            if !crate::inflight::disabled() {
+                                s.window_open(start, end, WindowEnd::Learnt);
+                            }
+                        }
+                        // A panic (fault injection) kills that notifier only.
+                        if catch_unwind(AssertUnwindSafe(|| s.apply(inv))).is_err() {
+                            s.kill();
+                        }
+                        s.end();
+                    });
                 }
-                Ok(None) => {}
+                Ok(None) => held.each(|s| s.end()),
                 Err(_) => {
-                    shared.kill();
-                    dead = true;
+                    held.each(|s| {
+                        s.kill();
+                        s.end();
+                    });
+                    die(inner, &mut dead);
                 }
             }
-            shared.end_message();
+            inner.sinks.release(&mut held);
             // Messages first: a stop request waits until no unmapping thread is left waiting.
             continue;
         }
@@ -106,4 +167,11 @@ fn run(shared: &Shared) {
             return;
         }
     }
+}
+
+/// The context can not deliver any more: every sink is dead, and no new notifier joins it.
+fn die(inner: &Inner, dead: &mut bool) {
+    inner.dead.store(true, SeqCst);
+    inner.sinks.for_each(|s| s.kill());
+    *dead = true;
 }

@@ -1,0 +1,348 @@
+//! Ranges that are not (all) mapped (issue 10, items 2 and 3), and the mremap pairing of hint
+//! data (item 6), against the real kernel.
+//!
+//! * `register` refuses a hole ([`Error::Unmapped`]); `register_any` accepts it, watches the
+//!   mapped parts at once and, once told through `Notifier::mapped`, memory mapped into the
+//!   holes later.
+//! * What nobody announces (a raw `mmap` syscall into a registered hole) is not watched: the
+//!   kernel sends userfaultfd no event for a new mapping. The test asserts that documented gap.
+//! * A region invalidated and re-armed (its event read) while unmapped is not deaf: mapped again
+//!   (and announced), its next unmap is reported.
+//! * A `REMOVE`, or any other message, between an `MREMAP_DONTUNMAP` and a later munmap of the
+//!   same range ends the REMAP→UNMAP pairing: the munmap is a second invalidation (no HINT).
+//!
+//! Each test runs on userfaultfd and on the hooks backend (x86-64).
+//!
+//! The tests of this file run one at a time (`SERIAL`): they make holes and map into them with
+//! `MAP_FIXED_NOREPLACE`, which another test's mapping landing in the hole would make fail.
+mod common;
+
+use std::sync::Mutex;
+
+use common::{map, map_at, page, unmap};
+use ummunotify::{Backend, Cookie, Error, Event, Notifier};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Each test runs on both backends: userfaultfd, then the libc hooks (x86-64 glibc; the hooks'
+/// filter watches pages, and `mapped` fills it the same way).
+fn backends() -> Vec<Backend> {
+    let mut v = vec![Backend::Userfaultfd];
+    if cfg!(target_arch = "x86_64") {
+        v.push(Backend::Hooks);
+    }
+    v
+}
+
+fn notifier(backend: Backend) -> Notifier {
+    let n = Notifier::with_backend(backend).expect("notifier (CI runs as root, x86-64 glibc)");
+    assert_eq!(n.backend(), backend);
+    n
+}
+
+/// Maps `[addr, addr + len)` again (the address must still be free) and touches it.
+fn remap_hole(addr: usize, len: usize) {
+    assert!(
+        map_at(addr, len),
+        "the hole at {addr:#x} was taken: {}",
+        std::io::Error::last_os_error()
+    );
+    // SAFETY: the mapping was just made, read-write, `len` bytes.
+    unsafe { std::ptr::write_bytes(addr as *mut u8, 1, len) };
+}
+
+fn events(n: &Notifier) -> Vec<Event> {
+    n.events().unwrap()
+}
+
+#[test]
+fn register_refuses_a_hole_and_register_any_accepts_it() {
+    let _s = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    for backend in backends() {
+        let pg = page();
+        let n = notifier(backend);
+        let a = map(3 * pg);
+        unmap(a + pg, pg); // [mapped][hole][mapped]
+        assert!(matches!(
+            n.register(a..a + 3 * pg, Cookie(1)),
+            Err(Error::Unmapped)
+        ));
+        assert_eq!(n.stats().regions, 0, "state unchanged on error");
+        let r = n.register_any(a..a + 3 * pg, Cookie(1)).unwrap();
+        assert!(n.is_valid(r));
+        // The mapped parts are watched at once.
+        unmap(a + 2 * pg, pg);
+        assert!(!n.is_valid(r));
+        let ev = events(&n);
+        assert_eq!(ev.len(), 1);
+        assert_eq!(
+            (ev[0].start, ev[0].end, ev[0].hint),
+            (a + 2 * pg, a + 3 * pg, true)
+        );
+        // Re-armed over holes: valid (a register_any region), and the notification count is exact.
+        let r = n.region(Cookie(1)).unwrap();
+        assert!(n.is_valid(r));
+        assert_eq!(n.notifications(), 1);
+        // Memory mapped into a hole, announced: watched from the announcement on, and filling the
+        // hole is no invalidation.
+        remap_hole(a + pg, pg);
+        n.mapped(a + pg..a + 2 * pg).unwrap();
+        assert!(n.is_valid(r));
+        assert_eq!(n.notifications(), 1);
+        unmap(a + pg, pg);
+        assert!(!n.is_valid(r));
+        let ev = events(&n);
+        assert_eq!(ev.len(), 1);
+        assert_eq!(
+            (ev[0].start, ev[0].end, ev[0].hint),
+            (a + pg, a + 2 * pg, true)
+        );
+        assert_eq!(n.notifications(), 2);
+        n.unregister(Cookie(1)).unwrap();
+        unmap(a, pg);
+    }
+}
+
+#[test]
+fn a_wholly_unmapped_range_registers_and_watches_what_is_announced() {
+    let _s = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    for backend in backends() {
+        let pg = page();
+        let n = notifier(backend);
+        let a = map(2 * pg);
+        unmap(a, 2 * pg);
+        let r = n.register_any(a..a + 2 * pg, Cookie(7)).unwrap();
+        assert!(n.is_valid(r));
+        assert_eq!(
+            n.stats().watched_bytes,
+            2 * pg as u64,
+            "coverage counts the range"
+        );
+        remap_hole(a, 2 * pg);
+        n.mapped(a..a + 2 * pg).unwrap();
+        assert_eq!(n.notifications(), 0, "nothing was there to invalidate");
+        unmap(a, 2 * pg);
+        assert!(!n.is_valid(r));
+        assert_eq!(n.notifications(), 1);
+        let ev = events(&n);
+        assert_eq!(ev.len(), 1);
+        assert_eq!(
+            (ev[0].cookie, ev[0].start, ev[0].end),
+            (Cookie(7), a, a + 2 * pg)
+        );
+    }
+}
+
+/// The documented gap: the kernel gives userfaultfd no event for a new mapping, so memory a raw
+/// `mmap` syscall puts into a registered hole, with nobody calling `mapped`, is not watched, and
+/// its unmap is not seen. (The 2010 device saw it; the preload sees only libc calls.)
+#[test]
+fn memory_mapped_into_a_hole_unannounced_is_not_watched() {
+    let _s = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    for backend in backends() {
+        let pg = page();
+        let n = notifier(backend);
+        let a = map(pg);
+        unmap(a, pg);
+        let r = n.register_any(a..a + pg, Cookie(1)).unwrap();
+        remap_hole(a, pg); // not announced
+        unmap(a, pg);
+        assert!(
+            n.is_valid(r),
+            "documented: an unannounced mapping is not watched"
+        );
+        assert_eq!(n.notifications(), 0);
+        assert!(events(&n).is_empty());
+        assert_eq!(n.stats().messages, 0, "the kernel sent nothing");
+    }
+}
+
+/// Item 3: invalidated, re-armed while unmapped, mapped again: the next unmap is reported. A
+/// `register` region keeps reading invalid over the hole (its token says the memory it was
+/// registered for is gone) until a re-arm finds all its pages mapped.
+#[test]
+fn a_region_rearmed_while_unmapped_is_not_deaf() {
+    let _s = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    for backend in backends() {
+        let pg = page();
+        let n = notifier(backend);
+        let a = map(2 * pg);
+        n.register(a..a + 2 * pg, Cookie(1)).unwrap();
+        unmap(a, 2 * pg);
+        assert_eq!(events(&n).len(), 1); // re-armed while unmapped
+        let r = n.region(Cookie(1)).unwrap();
+        assert!(
+            !n.is_valid(r),
+            "a register region over a hole stays invalid"
+        );
+        remap_hole(a, 2 * pg);
+        n.mapped(a..a + 2 * pg).unwrap();
+        assert!(!n.is_valid(n.region(Cookie(1)).unwrap()));
+        unmap(a + pg, pg);
+        let ev = events(&n);
+        assert_eq!(ev.len(), 1, "the region went deaf");
+        assert_eq!(
+            (ev[0].start, ev[0].end, ev[0].hint),
+            (a + pg, a + 2 * pg, true)
+        );
+        assert_eq!(n.notifications(), 2);
+        // All mapped again at the next re-arm: valid again.
+        remap_hole(a + pg, pg);
+        n.mapped(a + pg..a + 2 * pg).unwrap();
+        unmap(a, pg);
+        remap_hole(a, pg);
+        n.mapped(a..a + pg).unwrap();
+        assert_eq!(events(&n).len(), 1);
+        let r = n.region(Cookie(1)).unwrap();
+        assert!(n.is_valid(r), "re-armed with every page mapped");
+        unmap(a, 2 * pg);
+        assert!(!n.is_valid(r));
+        assert_eq!(n.notifications(), 4);
+    }
+}
+
+/// Item 3 for a `register_any` region (the 2010 preload's kind): valid after the re-arm over the
+/// hole, and its next invalidation reported.
+#[test]
+fn a_register_any_region_rearmed_while_unmapped_reports_the_next_unmap() {
+    let _s = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    for backend in backends() {
+        let pg = page();
+        let n = notifier(backend);
+        let a = map(pg);
+        n.register_any(a..a + pg, Cookie(1)).unwrap();
+        unmap(a, pg);
+        assert_eq!(events(&n).len(), 1);
+        let r = n.region(Cookie(1)).unwrap();
+        assert!(
+            n.is_valid(r),
+            "re-armed: nothing mapped there has changed since"
+        );
+        remap_hole(a, pg);
+        n.mapped(a..a + pg).unwrap();
+        unmap(a, pg);
+        assert!(!n.is_valid(r));
+        assert_eq!(events(&n).len(), 1);
+        assert_eq!(n.notifications(), 2);
+    }
+}
+
+fn mremap_dontunmap(from: usize, len: usize) -> usize {
+    // SAFETY: moves the test's own private anonymous mapping to an address the kernel picks,
+    // leaving the old range mapped (MREMAP_DONTUNMAP).
+    let p = unsafe {
+        libc::mremap(
+            from as *mut libc::c_void,
+            len,
+            len,
+            libc::MREMAP_MAYMOVE | libc::MREMAP_DONTUNMAP,
+            std::ptr::null_mut::<libc::c_void>(), // glibc reads it (a hint) with DONTUNMAP
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
+    p as usize
+}
+
+fn madvise_dontneed(addr: usize, len: usize) {
+    // SAFETY: drops the pages of the test's own mapping.
+    assert_eq!(
+        unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_DONTNEED) },
+        0
+    );
+}
+
+/// Item 6: `MREMAP_DONTUNMAP` sends a REMAP and no UNMAP. After its event was read, a REMOVE of
+/// another part and then a munmap of the moved range are two invalidations: the event must not
+/// carry the REMOVE's hint alone (the munmap taken for the old mremap's tail kept it).
+#[test]
+fn a_munmap_after_dontunmap_and_remove_is_not_taken_for_the_remaps_tail() {
+    let _s = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    for backend in backends() {
+        let pg = page();
+        let n = notifier(backend);
+        let a = map(4 * pg);
+        n.register(a..a + 4 * pg, Cookie(1)).unwrap();
+        let moved = mremap_dontunmap(a, pg);
+        let ev = events(&n);
+        assert_eq!(ev.len(), 1);
+        assert_eq!((ev[0].start, ev[0].end, ev[0].hint), (a, a + pg, true));
+        assert!(
+            n.is_valid(n.region(Cookie(1)).unwrap()),
+            "re-armed (old range still mapped)"
+        );
+        madvise_dontneed(a + 2 * pg, pg);
+        unmap(a, pg);
+        let ev = events(&n);
+        assert_eq!(ev.len(), 1);
+        assert_eq!(
+            (ev[0].start, ev[0].end, ev[0].hint),
+            (a, a + 4 * pg, false),
+            "two invalidations: the whole region, no hint"
+        );
+        unmap(moved, pg);
+        unmap(a + pg, 3 * pg);
+    }
+}
+
+/// Item 6, the pairing it keeps: an mremap move is one invalidation of the old range (REMAP then
+/// UNMAP of one call), with its hint.
+#[test]
+fn an_mremap_move_is_still_one_invalidation() {
+    let _s = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    for backend in backends() {
+        let pg = page();
+        let n = notifier(backend);
+        let a = map(4 * pg);
+        n.register(a..a + 4 * pg, Cookie(1)).unwrap();
+        let dest = map(pg); // unwatched: replacing it sends nothing
+                            // SAFETY: moves the first page of the test's own mapping over its own `dest`.
+        let p = unsafe {
+            libc::mremap(
+                a as *mut libc::c_void,
+                pg,
+                pg,
+                libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+                dest as *mut libc::c_void,
+            )
+        };
+        assert_eq!(p as usize, dest, "{}", std::io::Error::last_os_error());
+        let ev = events(&n);
+        assert_eq!(ev.len(), 1);
+        assert_eq!((ev[0].start, ev[0].end, ev[0].hint), (a, a + pg, true));
+        // userfaultfd: the REMAP and the UNMAP, as the 2010 device counted; hooks: one call.
+        let want = if backend == Backend::Hooks { 1 } else { 2 };
+        assert_eq!(n.notifications(), want);
+        let p = dest;
+        unmap(p, pg);
+        unmap(a + pg, 3 * pg);
+    }
+}
+
+/// A hole's pages are counted in the coverage without being watched: a later `register` over
+/// them (mapped by then, unannounced) must watch them rather than take them for watched (issue
+/// 12's registration without a watch call over pages already watched).
+#[test]
+fn a_register_over_an_unannounced_fill_of_a_hole_watches_it() {
+    let _s = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    for backend in backends() {
+        let pg = page();
+        let n = notifier(backend);
+        let a = map(pg);
+        unmap(a, pg);
+        let _any = n.register_any(a..a + pg, Cookie(1)).unwrap();
+        remap_hole(a, pg); // not announced: not watched
+        let before = n.stats().watch_calls;
+        let r = n.register(a..a + pg, Cookie(2)).unwrap();
+        assert!(
+            n.stats().watch_calls > before,
+            "{backend}: the filled hole was taken for watched"
+        );
+        unmap(a, pg);
+        assert!(!n.is_valid(r), "{backend}: the unmap went unseen");
+        let ev = events(&n);
+        assert!(
+            ev.iter().any(|e| e.cookie == Cookie(2)),
+            "{backend}: no event for the registered region: {ev:?}"
+        );
+    }
+}
