@@ -4,6 +4,11 @@
 # /var/cache/ummunotify-kernel), keyed by the source package version, kernel.config and the recipe version below,
 # so a later run on the same machine reuses it (a build that did not finish has no .done and is
 # redone). Prints the build directory on its last line.
+#
+# With UMN_KERNEL_PATCH=file (a -p1 patch against the source, e.g. kernel/patches/*.patch) the
+# patch is applied after extraction and is part of the key: a patched kernel is a build of its
+# own, next to the stock one. When the stock build is cached, the patched one starts from a copy
+# of it (timestamps kept), so make recompiles only what the patch touches.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cache=${UMN_KERNEL_CACHE:-/var/cache/ummunotify-kernel}
@@ -12,8 +17,16 @@ tarball=/usr/src/linux-source-6.1.tar.xz
 version=$(dpkg-query -W -f='${Version}' linux-source-6.1)
 # Bump recipe when a change to the steps below must invalidate cached builds.
 recipe=2
-key=$( (cat "$here/kernel.config"; echo "recipe=$recipe") | sha256sum | cut -c1-16)
+patch_file=${UMN_KERNEL_PATCH:-}
+key=$( (cat "$here/kernel.config"; echo "recipe=$recipe"; [ -z "$patch_file" ] || cat "$patch_file") |
+    sha256sum | cut -c1-16)
+stock_dir="$cache/linux-$version-$( (cat "$here/kernel.config"; echo "recipe=$recipe") |
+    sha256sum | cut -c1-16)"
 dir="$cache/linux-$version-$key"
+mkdir -p "$cache"
+# One build of a key at a time: a second caller waits, then finds it cached.
+exec 9>"$cache/.lock-$key"
+flock 9
 if [ -f "$dir/.done" ] && [ -f "$dir/arch/x86/boot/bzImage" ]; then
     echo "build-kernel: cached $dir" >&2
     echo "$dir"
@@ -21,10 +34,29 @@ if [ -f "$dir/.done" ] && [ -f "$dir/arch/x86/boot/bzImage" ]; then
 fi
 mkdir -p "$cache"
 rm -rf "$dir"
+if [ -n "$patch_file" ] && [ -f "$stock_dir/.done" ]; then
+    echo "build-kernel: starting from the stock build $stock_dir" >&2
+    cp -a "$stock_dir" "$dir"
+    rm -f "$dir/.done"
+    cd "$dir"
+    echo "build-kernel: applying $patch_file" >&2
+    patch -p1 --no-backup-if-mismatch <"$patch_file" >&2
+    echo "build-kernel: make -j$(nproc) bzImage modules_prepare" >&2
+    make -s -j"$(nproc)" bzImage >&2
+    make -s -j"$(nproc)" modules_prepare >&2
+    cp vmlinux.symvers Module.symvers
+    touch "$dir/.done"
+    echo "$dir"
+    exit 0
+fi
 mkdir -p "$dir"
 echo "build-kernel: extracting $tarball ($version)" >&2
 tar -xJf "$tarball" -C "$dir" --strip-components=1
 cd "$dir"
+if [ -n "$patch_file" ]; then
+    echo "build-kernel: applying $patch_file" >&2
+    patch -p1 --no-backup-if-mismatch <"$patch_file" >&2
+fi
 make -s tinyconfig >&2
 # Merge the fragment: kconfig's own merge script, then resolve dependencies.
 scripts/kconfig/merge_config.sh -m .config "$here/kernel.config" >&2

@@ -8,7 +8,13 @@
 #
 # Environment: UMN_KERNEL_CACHE (kernel build cache, default /var/cache/ummunotify-kernel),
 # UMN_STRESS_SECS (REMOVE stress seconds per implementation, default 10), UMN_BENCH=0 to skip
-# the benchmark, UMN_GUEST_TIMEOUT (seconds, default 900).
+# the benchmarks (the C one and `umn designs`), UMN_STORM (regions in `umn designs`' storm,
+# default 100000), UMN_RACE_SECS (seconds per kind of the Rust REMOVE race, default 5),
+# UMN_GUEST_TIMEOUT (seconds per guest, default 900), UMN_PATCHED=0 to skip the second guest.
+#
+# The second guest boots the same initramfs on the same kernel with
+# kernel/patches/uffd-remove-done.patch applied (a build of its own, cached next to the stock
+# one): the patch's own test, and the REMOVE stress with no signal help at 0 stale uses.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
@@ -39,17 +45,36 @@ make -s -C "$kdir" M="$out/module" modules >&2
 ko="$out/module/ummunotify.ko"
 [ -f "$ko" ] || { say "module build produced no $ko"; exit 1; }
 
-# 3. The preload and the C library (cargo), and the C programs.
-cargo build -q --release -p ummunotify-compat -p ummunotify-capi
+# 3. The preload and the C library (cargo), the Rust programs (umn: coverage and the designs
+# side by side; the kernel backend's tests), and the C programs.
+cargo build -q --release -p ummunotify-compat -p ummunotify-capi -p umn
 rel="$repo/target/release"
+kernel_tests=$(cargo test -q --release -p ummunotify --test kernel_backend --no-run \
+    --message-format=json | python3 -c 'import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("executable") and m.get("target", {}).get("name") == "kernel_backend":
+        print(m["executable"])')
+[ -x "$kernel_tests" ] || { say "no kernel_backend test binary"; exit 1; }
+cp "$kernel_tests" "$out/kernel_backend"
+race_tests=$(cargo test -q --release -p ummunotify --test remove_race --no-run \
+    --message-format=json | python3 -c 'import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("executable") and m.get("target", {}).get("name") == "remove_race":
+        print(m["executable"])')
+[ -x "$race_tests" ] || { say "no remove_race test binary"; exit 1; }
+cp "$race_tests" "$out/remove_race"
 cflags=(-std=gnu11 -Wall -Wextra -Werror -O2 -g -pthread)
 gcc "${cflags[@]}" -I crates/ummunotify-compat/tests/c -I kernel/guest \
     kernel/guest/abi2010-suite.c -o "$out/abi2010-suite"
 gcc "${cflags[@]}" -I kernel/module -I kernel/guest kernel/guest/exact2010.c -o "$out/exact2010"
 gcc "${cflags[@]}" -I kernel/module kernel/guest/remove_stress.c -o "$out/remove_stress"
+gcc "${cflags[@]}" -I kernel/guest kernel/guest/uffd_remove_done.c -o "$out/uffd_remove_done"
 gcc "${cflags[@]}" -I include -I kernel/guest kernel/guest/capi_smoke.c -o "$out/capi_smoke" \
     -L "$rel" -lummunotify -Wl,-rpath,/lib
-progs=("$out/abi2010-suite" "$out/exact2010" "$out/remove_stress" "$out/capi_smoke")
+progs=("$out/abi2010-suite" "$out/exact2010" "$out/remove_stress" "$out/capi_smoke" \
+    "$out/kernel_backend" "$rel/umn" "$out/remove_race" "$out/uffd_remove_done")
 if [ -f kernel/guest/bench.c ]; then
     gcc "${cflags[@]}" -I kernel/module kernel/guest/bench.c -o "$out/bench"
     progs+=("$out/bench")
@@ -83,23 +108,35 @@ done
 say "initramfs: $(du -h "$out/initrd.gz" | cut -f1)"
 
 # 5. Boot it (TCG: KVM guests hang here) and keep the serial console.
-log="$out/guest.log"
 timeout_s=${UMN_GUEST_TIMEOUT:-900}
-say "booting the guest (timeout ${timeout_s}s, log $log)"
-set +e
-timeout -k 10 "$timeout_s" qemu-system-x86_64 -accel tcg -smp 2 -m 1024 -nographic -no-reboot \
-    -kernel "$kdir/arch/x86/boot/bzImage" -initrd "$out/initrd.gz" \
-    -append "console=ttyS0 rdinit=/init panic=-1 quiet umn.stress=${UMN_STRESS_SECS:-10} umn.bench=${UMN_BENCH:-1}" \
-    </dev/null >"$log" 2>&1
-qemu_rc=$?
-set -e
-tr -d '\r' <"$log" >"$log.txt"
-grep -E '^(UMN-|---|[^ ]+:[0-9]+: CHECK)' "$log.txt" >&2 || true
-if [ "$qemu_rc" = 124 ] || [ "$qemu_rc" = 137 ]; then
-    say "FAIL: the guest did not finish within ${timeout_s}s"
-    tail -n 40 "$log.txt" >&2
-    exit 1
-fi
+boot() { # kernel-dir log extra-cmdline
+    say "booting the guest on $1 (timeout ${timeout_s}s, log $2)"
+    set +e
+    timeout -k 10 "$timeout_s" qemu-system-x86_64 -accel tcg -smp 2 -m 1024 -nographic -no-reboot \
+        -kernel "$1/arch/x86/boot/bzImage" -initrd "$out/initrd.gz" \
+        -append "console=ttyS0 rdinit=/init panic=-1 quiet umn.stress=${UMN_STRESS_SECS:-10} umn.bench=${UMN_BENCH:-1} umn.storm=${UMN_STORM:-100000} umn.race=${UMN_RACE_SECS:-5} $3" \
+        </dev/null >"$2" 2>&1
+    local rc=$?
+    set -e
+    tr -d '\r' <"$2" >"$2.txt"
+    grep -E '^(UMN-|---|[^ ]+:[0-9]+: CHECK|remove_race )' "$2.txt" >&2 || true
+    if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+        say "FAIL: the guest did not finish within ${timeout_s}s"
+        tail -n 40 "$2.txt" >&2
+        exit 1
+    fi
+}
+log="$out/guest.log"
+boot "$kdir" "$log" ""
 
 # 6. The verdict.
 python3 "$repo/kernel/compare.py" "$log.txt" "$repo/kernel/expected-divergences.txt"
+
+# 7. The patched kernel (item 6 of issue 15): userfaultfd's REMOVE with an end.
+if [ "${UMN_PATCHED:-1}" != 0 ]; then
+    pdir=$(UMN_KERNEL_PATCH="$repo/kernel/patches/uffd-remove-done.patch" \
+        bash "$repo/kernel/build-kernel.sh" | tail -n 1)
+    say "patched kernel: $pdir"
+    boot "$pdir" "$out/guest-patched.log" "umn.phase=patched"
+    python3 "$repo/kernel/compare.py" --patched "$out/guest-patched.log.txt"
+fi

@@ -11,16 +11,47 @@ Reads the guest's serial log and kernel/expected-divergences.txt. Fails (exit 1)
 - a listed divergence no longer shows (either side changed): the list must be updated, so a
   fix lands as a visible change of this file. Only an entry that lists alternatives ("A|B", for
   a race a run may or may not hit) accepts equal results; "FAIL*" is any failure.
-Prints the side-by-side table and the benchmark table.
+- the Rust kernel backend's tests (kernel_backend) fail, or `umn coverage --backend kernel`
+  (every change kind against the module through ummunotify::KernelNotifier) or `--backend uffd`
+  has a miss, a stale use or a problem, or a case could not run for a reason other than one
+  this guest kernel is known to lack (GUEST_LACKS);
+- `umn designs` did not finish (when the benchmarks ran).
+Prints the side-by-side table, the coverage tables and the benchmark tables.
+
+- the Rust REMOVE race (tests/remove_race.rs, signal on: what ships) finds a stale use or fails
+  (its run with the signal off is printed, not judged: the stock kernel's window).
+
+With --patched, judges the second guest (kernel/patches/uffd-remove-done.patch): the patch's
+own test (uffd_remove_done) must pass, and with the signal off the REMOVE race and the 2010
+REMOVE stress must find no stale use, every REMOVE ended by the kernel's REMOVE_DONE (none by a
+grace period).
 
 Usage: compare.py GUEST_LOG EXPECTED_DIVERGENCES
+       compare.py --patched GUEST_LOG
 """
+import json
 import re
 import sys
 
 # The guest's programs and the prefix of their tests' names.
 PROGRAMS = [("abi2010-suite", "abi2010/"), ("exact2010", "exact2010/"),
             ("remove_stress", "remove_stress/")]
+
+# Change kinds the guest's 6.1 tinyconfig kernel can not make at all, so `umn coverage` reports
+# them inconclusive (could not run) on every backend: not a verdict, and not a miss.
+GUEST_LACKS = {
+    "madv-guard-install": "MADV_GUARD_INSTALL is Linux 6.13",
+    "madv-collapse": "MADV_COLLAPSE needs transparent huge pages (off in kernel.config)",
+    "process-madvise": "6.1's process_madvise takes COLD, PAGEOUT, WILLNEED, COLLAPSE only",
+}
+# A backend that refuses to watch a kind's mapping on this guest kernel, with the typed error
+# the notifier gives (the case can then not run; accepted only for a kind the backend is not
+# expected to see, and only with that error).
+GUEST_REFUSES = {
+    ("uffd", "shmdt"): ("can not watch this mapping",
+                        "6.1's userfaultfd can not register a SysV shm VMA (EINVAL)"),
+}
+COVERAGE_BACKENDS = ("kernel", "uffd")
 
 
 def parse_log(path):
@@ -32,6 +63,9 @@ def parse_log(path):
     bench = []
     stress = []
     exits = set()  # (impl, program)
+    codes = {}  # (impl, program) -> exit status
+    coverage = {}  # backend -> parsed `umn coverage --json`, or the text that did not parse
+    designs = []
     for line in lines:
         line = line.rstrip()
         m = re.match(r"^UMN-RESULT (\S+) (\S+) (PASS|FAIL|SKIP)(?: (.*))?$", line)
@@ -39,7 +73,17 @@ def parse_log(path):
             impl, test, verdict, detail = m.groups()
             results[(impl, test)] = verdict + (" " + detail if detail else "")
         elif line.startswith("UMN-EXIT "):
-            exits.add(tuple(line.split()[1:3]))
+            f = line.split()
+            exits.add(tuple(f[1:3]))
+            codes[tuple(f[1:3])] = f[3] if len(f) > 3 else "?"
+        elif line.startswith("UMN-COVERAGE "):
+            _, backend, text = (line.split(" ", 2) + [""])[:3]
+            try:
+                coverage[backend] = json.loads(text)
+            except ValueError:
+                coverage[backend] = text
+        elif line.startswith("UMN-DESIGN "):
+            designs.append(line.split()[1:])
         elif line == "UMN-GUEST-DONE":
             done = True
         elif line.startswith("UMN-MODULE loaded"):
@@ -50,7 +94,84 @@ def parse_log(path):
             bench.append(line)
         elif line.startswith("UMN-STRESS "):
             stress.append(line)
-    return results, done, module_loaded, dmesg_bad, bench, stress, exits
+    return results, done, module_loaded, dmesg_bad, bench, stress, exits, codes, coverage, designs
+
+
+def parse_races(path):
+    """{label: [remove_race lines]}: each run's lines come before its UMN-EXIT <label> remove_race."""
+    races, pending = {}, []
+    for line in open(path, encoding="utf-8", errors="replace").read().splitlines():
+        # libtest may print "test NAME ... " on the same line before the first one.
+        m = re.search(r"remove_race kind=.*", line)
+        if m:
+            pending.append(m.group(0).strip())
+        m = re.match(r"^UMN-EXIT (\S+) remove_race (\S+)", line)
+        if m:
+            races[m.group(1)] = (m.group(2), pending)
+            pending = []
+    return races
+
+
+def judge_race(label, race, judged, want_no_grace=False):
+    """Prints one remove_race run; returns its problems (none when not judged)."""
+    if race is None:
+        return [f"remove_race {label}: never ran"] if judged else []
+    code, lines = race
+    print(f"\nremove_race {label} (exit {code}{'' if judged else ', not judged'})")
+    problems = []
+    stale = grace = 0
+    for line in lines:
+        kv = dict(f.split("=", 1) for f in line.split() if "=" in f)
+        if "stale" in kv:
+            stale += int(kv["stale"])
+            print(f"  {kv['kind']:<22} {kv['path']:<9} judged={kv['judged']:<7} stale={kv['stale']}")
+        if "removes_by_grace" in kv:
+            grace += int(kv["removes_by_grace"])
+            print(f"  {kv['kind']:<22} {kv['path']:<9} removes_confirmed={kv['removes_confirmed']} "
+                  f"removes_by_grace={kv['removes_by_grace']}")
+    print(f"  total stale uses: {stale}; REMOVEs ended by a grace period: {grace}")
+    if judged:
+        if code != "0":
+            problems.append(f"remove_race {label}: exit {code}")
+        if stale:
+            problems.append(f"remove_race {label}: {stale} stale uses")
+        if want_no_grace and grace:
+            problems.append(f"remove_race {label}: {grace} REMOVEs ended by grace, not by the kernel")
+        if not lines:
+            problems.append(f"remove_race {label}: printed nothing")
+    return problems
+
+
+def patched_main(log):
+    results, done, _, dmesg_bad, _, stress, _, codes, _, _ = parse_log(log)
+    problems = []
+    if not done:
+        problems.append("the patched guest never printed UMN-GUEST-DONE")
+    problems += [f"guest kernel: {line}" for line in dmesg_bad]
+    print("\npatched kernel (kernel/patches/uffd-remove-done.patch)")
+    own = {t: r for (i, t), r in results.items() if i == "patched"}
+    for t, r in sorted(own.items()):
+        print(f"  {t} {r}")
+        if r != "PASS":
+            problems.append(f"{t}: {r}")
+    if len(own) < 4:
+        problems.append(f"uffd_remove_done reported {len(own)} of 4 results")
+    for prog in ("uffd_remove_done", "remove_stress"):
+        if codes.get(("patched", prog)) != "0":
+            problems.append(f"patched: {prog} exit {codes.get(('patched', prog))}")
+    for line in stress:
+        print(line)
+    if results.get(("preload", "remove_stress/madvise_vs_register")) != "PASS":
+        problems.append("patched: the 2010 REMOVE stress through the preload found a stale hit")
+    problems += judge_race("patched (signal off)", parse_races(log).get("patched"), True, True)
+    if problems:
+        print("\nkernel/ci.sh (patched): FAIL")
+        for p in problems:
+            print(f"  - {p}")
+        return 1
+    print("\nkernel/ci.sh (patched): the patch's test passes; 0 stale uses, every REMOVE ended "
+          "by the kernel")
+    return 0
 
 
 def parse_expected(path):
@@ -78,8 +199,11 @@ def matches(result, listed):
 
 
 def main():
+    if sys.argv[1] == "--patched":
+        return patched_main(sys.argv[2])
     log, expected_path = sys.argv[1], sys.argv[2]
-    results, done, module_loaded, dmesg_bad, bench, stress, exits = parse_log(log)
+    (results, done, module_loaded, dmesg_bad, bench, stress, exits, codes, coverage,
+     designs) = parse_log(log)
     expected = parse_expected(expected_path)
     problems = []
     if not done:
@@ -133,8 +257,23 @@ def main():
         problems.append(f"{test}: listed in kernel/expected-divergences.txt but never ran")
     for line in stress:
         print(line)
+    if module_loaded:
+        if codes.get(("kernel", "kernel_backend")) != "0":
+            problems.append("the kernel backend's Rust tests (kernel_backend) failed or never ran: "
+                            f"exit {codes.get(('kernel', 'kernel_backend'))}")
+        races = parse_races(log)
+        problems += judge_race("stock", races.get("stock"), True)
+        problems += judge_race("stock-nosignal", races.get("stock-nosignal"), False)
+        problems += judge_race("kernel", races.get("kernel"), True)
+        for backend in COVERAGE_BACKENDS:
+            problems += judge_coverage(backend, coverage.get(backend),
+                                       codes.get((backend, "coverage")))
     if bench:
         print_bench(bench)
+    if designs:
+        print_designs(designs)
+    if bench and codes.get(("designs", "umn_designs")) != "0":
+        problems.append(f"umn designs failed or never ran: exit {codes.get(('designs', 'umn_designs'))}")
     if problems:
         print("\nkernel/ci.sh: FAIL")
         for p in problems:
@@ -144,6 +283,61 @@ def main():
     print(f"\nkernel/ci.sh: {n} tests, module and preload agree except "
           f"{sum(1 for t in tests if t in expected)} listed divergences")
     return 0
+
+
+def judge_coverage(backend, report, code):
+    """Prints `umn coverage --backend BACKEND`'s table; returns the problems."""
+    if not isinstance(report, dict):
+        return [f"coverage {backend}: no report (exit {code}): {str(report)[:200]!r}"]
+    problems = []
+    accepted = False
+    print(f"\numn coverage --backend {backend} (in the guest; exit {code})")
+    print(f"{'kind':<22} {'detected':<12} {'expected':<9} {'stale':<6} notes")
+    for case in report["cases"]:
+        kind = case["kind"]
+        if case["inconclusive"]:
+            detected = "inconclusive"
+            note = case["reason"] or ""
+            if kind not in GUEST_LACKS:
+                problems.append(f"coverage {backend}: {kind} could not run: {note}")
+            else:
+                note = f"{GUEST_LACKS[kind]} ({note})"
+        else:
+            detected = "yes" if case["detected"] else ("NO" if case["expected"] else "no (missed)")
+            note = "; ".join(case["problems"] or case["notes"])
+            failed = (case["problems"] or (case["expected"] and not case["detected"])
+                      or (case["expected"] and case["stale_uses"] > 0))
+            refused = GUEST_REFUSES.get((backend, kind))
+            if (failed and refused and not case["expected"] and len(case["problems"]) == 1
+                    and refused[0] in case["problems"][0]):
+                failed = False
+                accepted = True
+                note = f"{refused[1]} ({note})"
+            if failed:
+                problems.append(f"coverage {backend}: {kind}: detected={case['detected']} "
+                                f"stale={case['stale_uses']} problems={case['problems']}")
+        print(f"{kind:<22} {detected:<12} {'yes' if case['expected'] else 'no':<9} "
+              f"{case['stale_uses']:<6} {note}")
+    # umn says 1 for the accepted refusals too; any other failure is a problem above.
+    if code not in ("0", "3") and not (code == "1" and accepted and not problems):
+        problems.append(f"coverage {backend}: umn exited {code}")
+    return problems
+
+
+def print_designs(rows):
+    """UMN-DESIGN <design> <op> <ticks> <base ticks> <ratio>"""
+    designs, ops, cell = [], [], {}
+    for design, op, ticks, base, ratio in rows:
+        if design not in designs:
+            designs.append(design)
+        if op not in ops:
+            ops.append(op)
+        cell[(design, op)] = float(ratio)
+    print("\numn designs (emulated guest, QEMU TCG; each design's ratio to its own baseline)")
+    print(f"{'operation':<30}" + "".join(f"{d:>10}" for d in designs))
+    for op in ops:
+        print(f"{op:<30}" + "".join(
+            f"{cell[(d, op)]:>10.2f}" if (d, op) in cell else f"{'-':>10}" for d in designs))
 
 
 def print_bench(lines):

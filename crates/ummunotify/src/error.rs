@@ -35,6 +35,18 @@ pub enum Unsupported {
         /// The value found.
         value: String,
     },
+    /// The eBPF backend can not start: no `umn daemon` to ask, and this process may not load
+    /// BPF programs (or the kernel lacks what they need).
+    Ebpf {
+        /// What was tried and what each attempt returned.
+        reason: String,
+    },
+    /// The kernel backend: `/dev/ummunotify` (this project's module, `kernel/module/`) is not
+    /// there or is not usable.
+    NoKernelModule {
+        /// What was tried and what it returned.
+        reason: String,
+    },
     /// `Backend::Auto`: neither backend can start.
     NoBackend {
         /// Why userfaultfd can not.
@@ -66,9 +78,13 @@ impl fmt::Display for Unsupported {
             Unsupported::Hooks { reason } => {
                 write!(f, "the hooks backend can not patch libc: {reason}")
             }
+            Unsupported::Ebpf { reason } => write!(f, "the eBPF backend can not start: {reason}"),
+            Unsupported::NoKernelModule { reason } => {
+                write!(f, "the ummunotify kernel module is not usable: {reason}")
+            }
             Unsupported::UnknownBackend { value } => write!(
                 f,
-                "UMN_BACKEND={value:?} names no backend (expected auto, uffd or hooks)"
+                "UMN_BACKEND={value:?} names no backend (expected auto, uffd, hooks or ebpf)"
             ),
             Unsupported::NoBackend { userfaultfd, hooks } => write!(
                 f,

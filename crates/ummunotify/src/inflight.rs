@@ -513,11 +513,22 @@ impl InFlight {
         ticket
     }
 
+    /// Ends the oldest explicit, unmerged entry over exactly `[start, end)` (a backend whose end
+    /// names the range: the patched kernel's `REMOVE_DONE`). Equal ranges are interchangeable:
+    /// the range stays in flight until the last of them ends.
+    pub(crate) fn close_range(&mut self, start: u64, end: u64) -> bool {
+        let oldest = self.entries[..self.len]
+            .iter()
+            .filter(|e| e.explicit && !e.merged && (e.start, e.end) == (start, end))
+            .map(|e| e.ticket)
+            .min();
+        oldest.is_some_and(|t| self.close(t))
+    }
+
     /// Ends the entry recorded with `ticket`, for a backend that learns the end of an
     /// invalidation itself (a kernel module's `invalidate_range_end`). Counted as confirmed.
     /// An entry merged since (its ticket replaced) is left to the usual rules: the merge may
     /// cover another invalidation whose end is not known.
-    #[cfg_attr(not(test), allow(dead_code))] // through `Sink::window_close`
     pub(crate) fn close(&mut self, ticket: u64) -> bool {
         let Some(i) = self.entries[..self.len]
             .iter()

@@ -102,6 +102,10 @@ mod sink;
 mod sys;
 
 #[cfg(not(loom))]
+pub use backend::ebpf;
+#[cfg(not(loom))]
+pub use backend::kernel::KernelNotifier;
+#[cfg(not(loom))]
 pub use backend::{probe, Backend, BackendReport, BACKEND_ENV};
 #[cfg(not(loom))]
 pub use cache::Cache;

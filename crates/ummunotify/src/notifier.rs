@@ -1877,6 +1877,12 @@ impl Sink for Shared {
         Window(l.st.inflight.record(start, end, how == WindowEnd::Closed))
     }
 
+    fn window_close_range(&self, start: u64, end: u64) {
+        let mut l = self.lock_index();
+        l.st.inflight.close_range(start, end);
+        l.st.inflight.sweep();
+    }
+
     fn window_close(&self, window: Window) {
         let mut l = self.lock_index();
         l.st.inflight.close(window.0);

@@ -108,6 +108,13 @@ pub(crate) trait Sink: Send + Sync {
     #[cfg_attr(not(test), allow(dead_code))]
     fn window_close(&self, window: Window);
 
+    /// The invalidation of the oldest open [`WindowEnd::Closed`] window over exactly
+    /// `[start, end)` is done (a backend whose end names the range, not the window: the patched
+    /// kernel's `UFFD_EVENT_REMOVE_DONE`, delivered to every notifier of the shared context).
+    /// Nothing happens when no such window is open (this notifier did not exist at the start, or
+    /// the window was merged: it then ends by grace).
+    fn window_close_range(&self, start: u64, end: u64);
+
     /// The backend can not deliver any more: every check fails from now on.
     fn kill(&self);
 }

@@ -149,6 +149,70 @@ impl Set {
     }
 }
 
+/// The changer: drops one buffer's pages after another, across `sets`, and writes a fresh
+/// stamp into them, until `deadline`; then sets `stop`.
+fn change(
+    remover: &mut Remover,
+    sets: &[Set],
+    deadline: Instant,
+    changes: &AtomicU64,
+    stop: &AtomicBool,
+) {
+    let page = common::page();
+    let mut n = 0u64;
+    while Instant::now() < deadline {
+        let set = &sets[(n % sets.len() as u64) as usize];
+        let i = ((n / sets.len() as u64) % BUFFERS as u64) as usize;
+        let r = set.range(i);
+        // SAFETY: the buffer is ours, writable; its old contents are meant to go.
+        unsafe { remover.change(&set.changes[i], r.start, r.len(), page, stamp(i, n)) }
+            .expect("remove");
+        n += 1;
+    }
+    changes.store(n, Relaxed);
+    stop.store(true, Relaxed);
+}
+
+/// The register path: register a buffer, pin it, use it until its check reads invalid (at
+/// most [`USES`] times), unpin, unregister; again and again until `stop`.
+#[allow(clippy::too_many_arguments)]
+fn register_path<R>(
+    set: &Set,
+    t: &Tally,
+    ra: &IoUringRegistrar,
+    device: &Device,
+    stop: &AtomicBool,
+    register: impl Fn(usize, std::ops::Range<usize>) -> Option<R>,
+    is_valid: impl Fn(&R) -> bool,
+    unregister: impl Fn(usize, R),
+) {
+    let mut n = 0u64;
+    while !stop.load(Relaxed) {
+        let i = (n % BUFFERS as u64) as usize;
+        n += 1;
+        let r = set.range(i);
+        t.attempts.fetch_add(1, Relaxed);
+        let Some(region) = register(i, r.clone()) else {
+            t.refused.fetch_add(1, Relaxed);
+            continue;
+        };
+        let key = ra.register(r.clone()).expect("pin");
+        for _ in 0..USES {
+            let before = set.changes[i].read();
+            let valid = is_valid(&region);
+            let device_bytes = device.read_through(ra, &key, r.start, i as u64);
+            // SAFETY: our mapped buffer.
+            let mapped = unsafe { read_stamp(r.start) };
+            judge(t, &set.changes[i], before, valid, device_bytes, mapped);
+            if !valid {
+                break;
+            }
+        }
+        ra.deregister(&key, r.clone()).expect("unpin");
+        unregister(i, region);
+    }
+}
+
 /// Runs one kind for `secs`; returns the three tallies (register, re-arm, cache).
 fn stress(kind: RemoveKind, secs: f64) -> Option<[Tally; 3]> {
     let test = format!("remove_race::{}", kind.name());
@@ -184,49 +248,19 @@ fn stress(kind: RemoveKind, secs: f64) -> Option<[Tally; 3]> {
     let deadline = Instant::now() + Duration::from_secs_f64(secs);
     std::thread::scope(|s| {
         // The changer: one buffer after another, across the three sets.
-        s.spawn(|| {
-            let mut n = 0u64;
-            while Instant::now() < deadline {
-                let set = &sets[(n % 3) as usize];
-                let i = ((n / 3) % BUFFERS as u64) as usize;
-                let r = set.range(i);
-                // SAFETY: the buffer is ours, writable; its old contents are meant to go.
-                unsafe { remover.change(&set.changes[i], r.start, r.len(), page, stamp(i, n)) }
-                    .expect("remove");
-                n += 1;
-            }
-            changes.store(n, Relaxed);
-            stop.store(true, Relaxed);
-        });
+        s.spawn(|| change(&mut remover, &sets, deadline, &changes, &stop));
         // Register path.
         s.spawn(|| {
-            let (set, t) = (&sets[0], &tallies[0]);
-            let mut n = 0u64;
-            while !stop.load(Relaxed) {
-                let i = (n % BUFFERS as u64) as usize;
-                n += 1;
-                let r = set.range(i);
-                t.attempts.fetch_add(1, Relaxed);
-                let Ok(region) = na.register(r.clone(), Cookie(i as u64)) else {
-                    t.refused.fetch_add(1, Relaxed);
-                    continue;
-                };
-                let key = ra.register(r.clone()).expect("pin");
-                // Use the registration until it reads invalid (at most USES times).
-                for _ in 0..USES {
-                    let before = set.changes[i].read();
-                    let valid = na.is_valid(region);
-                    let device_bytes = device.read_through(&ra, &key, r.start, i as u64);
-                    // SAFETY: our mapped buffer.
-                    let mapped = unsafe { read_stamp(r.start) };
-                    judge(t, &set.changes[i], before, valid, device_bytes, mapped);
-                    if !valid {
-                        break;
-                    }
-                }
-                ra.deregister(&key, r.clone()).expect("unpin");
-                na.unregister(Cookie(i as u64)).expect("unregister");
-            }
+            register_path(
+                &sets[0],
+                &tallies[0],
+                &ra,
+                &device,
+                &stop,
+                |i, r| na.register(r, Cookie(i as u64)).ok(),
+                |region| na.is_valid(*region),
+                |i, _| na.unregister(Cookie(i as u64)).expect("unregister"),
+            )
         });
         // Re-arm path.
         s.spawn(|| {
@@ -375,4 +409,67 @@ fn process_madvise() {
 #[test]
 fn io_uring_madvise() {
     run(RemoveKind::UringMadvise);
+}
+
+/// The register path on a notifier running on the eBPF backend (programs loaded here, root):
+/// the entry program bumps the range's word before the call changes anything and the exit
+/// program bumps it again for ranges registered while the call ran, so no registration made in
+/// the window stays valid.
+/// `IORING_OP_MADVISE` is not run: eBPF does not see it (umn coverage shows it missed).
+#[test]
+fn ebpf_register_path() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let n = match Notifier::with_backend(ummunotify::Backend::Ebpf) {
+        Ok(n) => n,
+        Err(e) => {
+            skip_or_fail("remove_race::ebpf", &format!("the eBPF backend: {e}"));
+            return;
+        }
+    };
+    let secs = stress_secs();
+    for kind in RemoveKind::ALL {
+        if kind == RemoveKind::UringMadvise {
+            continue;
+        }
+        let test = format!("remove_race::ebpf::{}", kind.name());
+        let mut remover = match Remover::new(kind) {
+            Ok(r) => r,
+            Err(e) => {
+                skip_or_fail(&test, &e.to_string());
+                continue;
+            }
+        };
+        let Some(ra) = registrar(&test) else { return };
+        let sets = [Set::new(kind.needs_shmem())];
+        let device = Device::new();
+        let t = Tally::default();
+        let (stop, changes) = (AtomicBool::new(false), AtomicU64::new(0));
+        let deadline = Instant::now() + Duration::from_secs_f64(secs);
+        std::thread::scope(|s| {
+            s.spawn(|| change(&mut remover, &sets, deadline, &changes, &stop));
+            s.spawn(|| {
+                register_path(
+                    &sets[0],
+                    &t,
+                    &ra,
+                    &device,
+                    &stop,
+                    |i, r| n.register(r, Cookie(i as u64)).ok(),
+                    |region| n.is_valid(*region),
+                    |i, _| n.unregister(Cookie(i as u64)).expect("unregister"),
+                )
+            });
+        });
+        eprintln!(
+            "{} changes={} (ebpf)",
+            t.line(kind, "register", secs),
+            changes.load(Relaxed)
+        );
+        assert!(t.judged.load(Relaxed) > 0, "{test}: no use was judged");
+        assert_eq!(
+            t.stale.load(Relaxed),
+            0,
+            "{test}: stale uses after the call returned"
+        );
+    }
 }

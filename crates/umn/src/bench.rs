@@ -33,7 +33,7 @@ pub struct Row {
     pub ratio: f64,
 }
 
-fn row(name: &'static str, ns: f64, baseline_name: &'static str, base: f64) -> Row {
+pub(crate) fn row(name: &'static str, ns: f64, baseline_name: &'static str, base: f64) -> Row {
     Row {
         name,
         ns_per_op: ns,
@@ -43,13 +43,13 @@ fn row(name: &'static str, ns: f64, baseline_name: &'static str, base: f64) -> R
     }
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
 }
 
 /// Median over `batches` of the mean ns per call of `f` in a batch of `per` calls.
-fn batched(batches: usize, per: usize, mut f: impl FnMut()) -> f64 {
+pub(crate) fn batched(batches: usize, per: usize, mut f: impl FnMut()) -> f64 {
     let mut v = Vec::with_capacity(batches);
     for _ in 0..batches {
         let t = Instant::now();
@@ -71,12 +71,12 @@ fn paired(batches: usize, per: usize, mut a: impl FnMut(), mut b: impl FnMut()) 
     (median(va), median(vb))
 }
 
-fn page() -> usize {
+pub(crate) fn page() -> usize {
     // SAFETY: sysconf has no preconditions.
     unsafe { libc::sysconf(libc::_SC_PAGESIZE) as usize }
 }
 
-fn map(len: usize, at: usize) -> usize {
+pub(crate) fn map(len: usize, at: usize) -> usize {
     let mut flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
     if at != 0 {
         flags |= libc::MAP_FIXED_NOREPLACE;
@@ -99,12 +99,12 @@ fn map(len: usize, at: usize) -> usize {
     p as usize
 }
 
-fn unmap(addr: usize, len: usize) {
+pub(crate) fn unmap(addr: usize, len: usize) {
     // SAFETY: benchmark-owned mapping.
     unsafe { libc::munmap(addr as *mut _, len) };
 }
 
-fn touch(addr: usize, len: usize) {
+pub(crate) fn touch(addr: usize, len: usize) {
     // SAFETY: benchmark-owned writable mapping.
     unsafe { std::ptr::write_bytes(addr as *mut u8, 1, len) };
 }
@@ -385,6 +385,11 @@ pub fn run(quick: bool) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
         r1k,
     ));
     rows.push(region_bytes_row);
+    // The eBPF programs (root): loaded and detached twice, before the hooks patch libc.
+    match crate::bench_ebpf::rows(2_000 / scale) {
+        Ok(r) => rows.extend(r),
+        Err(e) => eprintln!("umn bench: no ebpf rows: {e}"),
+    }
     // Last: installing the hooks patches libc for the rest of this process.
     match Notifier::with_backend(Backend::Hooks) {
         Ok(n) => rows.extend(backend_rows(&n, "hooks", 5_000 / scale)?),

@@ -35,9 +35,9 @@ pub struct Row {
 }
 
 impl Row {
-    fn new(kind: ChangeKind, result: io::Result<CaseReport>, backend: Backend) -> Row {
+    fn new(kind: ChangeKind, result: io::Result<CaseReport>, expected: bool) -> Row {
         let report = result.unwrap_or_else(|e| {
-            let mut r = CaseReport::new(kind, expects(backend, kind));
+            let mut r = CaseReport::new(kind, expected);
             r.inconclusive = Some(format!("could not run: {e}"));
             r
         });
@@ -94,6 +94,8 @@ pub fn backend_label(backend: Backend) -> &'static str {
     match backend {
         Backend::Hooks => "hooks",
         Backend::Hybrid => "hybrid",
+        Backend::Ebpf => "ebpf",
+        Backend::Kernel => "kernel",
         _ => "userfaultfd",
     }
 }
@@ -107,7 +109,7 @@ pub fn run_all(exe: &std::path::Path, backend: Backend) -> Vec<Row> {
             let mut cmd = Command::new(exe);
             cmd.arg(CHILD_SUBCOMMAND)
                 .env(ummunotify::BACKEND_ENV, backend.name());
-            Row::new(kind, run_in_child(kind, cmd), backend)
+            Row::new(kind, run_in_child(kind, cmd), expects(backend, kind))
         })
         .collect()
 }

@@ -5,27 +5,53 @@ use umn::{coverage, doctor, remove_race};
 
 mod bench;
 mod bench_c;
+mod bench_ebpf;
 mod demo;
+mod designs;
 
 const USAGE: &str = "\
 usage: umn <command>
 
 commands:
   doctor             which backends work here, which kernel features exist, what is missing
-  coverage [--json] [--backend auto|uffd|hooks|hybrid]
+  coverage [--json] [--backend auto|uffd|hooks|hybrid|ebpf|kernel]
                      run every kind of mapping change against the notifier (each in a child
-                     process, on the backend asked for: auto = userfaultfd where it starts,
-                     else hooks) and report per kind: detected, expected (can this backend see
+                     process, on the backend asked for: auto = the /dev/ummunotify module
+                     where loaded, else userfaultfd where it starts, else hooks) and report per kind: detected, expected (can this backend see
                      it at all), stale uses, which oracle judged; then the remove-race row:
                      every REMOVE-producing kind racing registrations and re-arms for a
                      moment (stale uses, REMOVEs settled by grace); exit 0 = all expected kinds
                      detected with no stale use, 1 = a miss, stale use or problem,
                      3 = some case inconclusive (could not run; not a verdict)
+  daemon [--socket PATH]
+                     (root) load the eBPF programs once for this node and hand each process
+                     that connects its area over a Unix socket (default
+                     /run/ummunotify/ebpf.sock, or UMN_EBPF_SOCKET); runs in the foreground
+                     until killed (a systemd unit: docs/umn-daemon.service)
   demo               the x == y story with io_uring fixed buffers: a naive cache writes stale
                      bytes, the ummunotify cache does not
-  bench [--json]     cache and notifier costs as ratios to baselines measured in the same run
-                     (build with --release)
+  designs [--cycles N] [--storm N]
+                     the designs side by side (kernel module, userfaultfd, hooks): munmap and
+                     madvise of a registered and an unregistered page, the check, register +
+                     unregister, a storm of N regions, each as a ratio to a baseline measured
+                     in the same process just before (TSC ticks; for the guest of kernel/ci.sh)
+  bench [--json] [--ebpf]
+                     cache and notifier costs as ratios to baselines measured in the same run
+                     (build with --release); --ebpf: only the eBPF backend's rows (root)
 ";
+
+/// `umn daemon`: load, bind, say so on stderr (the journal), serve until killed.
+fn daemon(path: &std::path::Path) -> std::io::Result<()> {
+    use ummunotify::ebpf::Daemon;
+    let d = Daemon::new()?;
+    let listener = Daemon::bind(path)?;
+    eprintln!(
+        "umn daemon: {} tracepoints attached; serving areas on {}",
+        d.programs().tracepoints().len(),
+        path.display()
+    );
+    d.serve(listener)
+}
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -52,7 +78,7 @@ fn main() -> ExitCode {
                             Some(b) => asked = b,
                             None => {
                                 eprint!(
-                                    "umn coverage: --backend needs auto, uffd, hooks or hybrid\n{USAGE}"
+                                    "umn coverage: --backend needs auto, uffd, hooks, hybrid, ebpf or kernel\n{USAGE}"
                                 );
                                 return ExitCode::from(2);
                             }
@@ -102,6 +128,25 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         }
+        ["daemon", rest @ ..] => {
+            let path = match rest {
+                [] => std::env::var_os(ummunotify::ebpf::SOCKET_ENV)
+                    .unwrap_or_else(|| ummunotify::ebpf::DEFAULT_SOCKET.into())
+                    .into(),
+                ["--socket", p] => std::path::PathBuf::from(p),
+                _ => {
+                    eprint!("{USAGE}");
+                    return ExitCode::from(2);
+                }
+            };
+            match daemon(&path) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("umn daemon: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         ["demo"] => match demo::run() {
             Ok(true) => ExitCode::SUCCESS,
             Ok(false) => ExitCode::FAILURE,
@@ -110,8 +155,18 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        ["bench", rest @ ..] if rest.iter().all(|a| *a == "--json" || *a == "--quick") => {
-            match bench::run(rest.contains(&"--quick")) {
+        ["bench", rest @ ..]
+            if rest
+                .iter()
+                .all(|a| matches!(*a, "--json" | "--quick" | "--ebpf")) =>
+        {
+            let quick = rest.contains(&"--quick");
+            let result = if rest.contains(&"--ebpf") {
+                bench_ebpf::rows(if quick { 200 } else { 2_000 })
+            } else {
+                bench::run(quick)
+            };
+            match result {
                 Ok(rows) => {
                     if rest.contains(&"--json") {
                         println!("{}", bench::to_json(&rows));
@@ -133,6 +188,22 @@ fn main() -> ExitCode {
                     eprintln!("umn bench ({backend}): {e}");
                     ExitCode::FAILURE
                 }
+            }
+        }
+        ["designs", rest @ ..] => {
+            let num = |flag: &str, default: usize| {
+                rest.iter()
+                    .position(|a| *a == flag)
+                    .and_then(|i| rest.get(i + 1))
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(default)
+            };
+            let rows = designs::run(num("--cycles", 2000), num("--storm", 100_000));
+            print!("{}", designs::to_table(&rows));
+            if rows.is_empty() {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
             }
         }
         ["help"] | ["--help"] | ["-h"] => {

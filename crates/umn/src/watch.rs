@@ -71,6 +71,9 @@ pub fn expects(backend: Backend, kind: ChangeKind) -> bool {
     match backend {
         Backend::Hooks => kind.hooks_report(),
         Backend::Hybrid => kind.hybrid_reports(),
+        Backend::Ebpf => kind.ebpf_reports(),
+        // The module's MMU notifiers see every kind in the catalogue.
+        Backend::Kernel => true,
         _ => kind.userfaultfd_reports(),
     }
 }

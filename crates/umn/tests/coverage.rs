@@ -173,6 +173,32 @@ fn every_kind_but_file_changes_is_detected_by_the_hybrid_backend() {
     assert!(status.success(), "{status}: {json}");
 }
 
+/// The eBPF mechanism (programs on the syscall tracepoints; needs root): every kind made by a
+/// watched syscall, libc or raw, is detected with no stale use (shmdt, MADV_GUARD_INSTALL and
+/// MADV_COLLAPSE included); io_uring and file-level changes stay in the table as missed.
+#[test]
+fn every_syscall_kind_is_detected_by_the_ebpf_backend() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        ummunotify_testkit::require::skip_or_fail("ebpf coverage", "root to load BPF programs");
+        return;
+    }
+    let (cases, json, status) = coverage_on(&["--backend", "ebpf"], "ebpf");
+    judge(&cases, &json, ChangeKind::ebpf_reports);
+    for k in [
+        ChangeKind::SyscallMunmap,
+        ChangeKind::ProcessMadvise,
+        ChangeKind::Shmdt,
+        ChangeKind::MadvGuardInstall,
+    ] {
+        assert!(
+            cases.iter().any(|c| c.kind == k && c.detected),
+            "{k}: {json}"
+        );
+    }
+    assert!(status.success(), "{status}: {json}");
+}
+
 #[test]
 fn doctor_reports_a_working_backend() {
     let out = Command::new(env!("CARGO_BIN_EXE_umn"))

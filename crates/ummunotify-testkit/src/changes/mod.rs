@@ -222,6 +222,19 @@ impl ChangeKind {
         self.userfaultfd_reports() || self.hooks_report()
     }
 
+    /// Whether the eBPF backend (programs on the `sys_enter_*`/`sys_exit_*` tracepoints of
+    /// munmap, mremap, madvise, brk, mmap, shmdt, shmat, process_madvise) sees this kind: every
+    /// kind made by one of those syscalls, libc or raw, including `shmdt`,
+    /// `MADV_GUARD_INSTALL` and `MADV_COLLAPSE`; none made through io_uring or by a change to
+    /// the file behind a mapping (`fallocate`, `ftruncate`). (ia32 `int $0x80` calls are not in
+    /// the catalogue; eBPF misses them too.)
+    pub const fn ebpf_reports(self) -> bool {
+        !matches!(
+            self,
+            ChangeKind::UringMadvise | ChangeKind::PunchHole | ChangeKind::FtruncateShared
+        )
+    }
+
     /// Whether the case pins its range with an io_uring fixed buffer (the device oracle).
     /// False for [`ChangeKind::MadvCollapse`]: the kernel does not collapse pinned pages.
     pub const fn pins(self) -> bool {

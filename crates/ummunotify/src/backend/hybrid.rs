@@ -124,6 +124,9 @@ impl Sink for InFront {
     fn window_close(&self, window: Window) {
         self.core.window_close(window)
     }
+    fn window_close_range(&self, start: u64, end: u64) {
+        self.core.window_close_range(start, end)
+    }
     fn kill(&self) {
         self.core.kill()
     }

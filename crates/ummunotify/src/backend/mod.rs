@@ -48,6 +48,12 @@
 //!   ([`Sink::invalidate_in_thread`](crate::sink::Sink::invalidate_in_thread)), before it makes
 //!   the syscall and again after it. No monitor, no message, no window needed (the second pass
 //!   is the window's end).
+//! * **ebpf** ([`ebpf`]): programs on the syscall-entry tracepoints bump, in the calling thread
+//!   before the syscall changes anything, a word per watched range in an mmapped BPF array and
+//!   the array's counter; the watcher's [`Probe`](crate::sink::Probe) compares the counter with
+//!   the last value it delivered (one load when nothing changed) and delivers the moved words.
+//!   The programs on the `sys_exit_*` tracepoints bump again for ranges watched while the call
+//!   ran, so a registration inside a call's window never stays valid (the window's end).
 //!
 //! # Adding a backend
 //! One module (`backend/NAME/`) with a type implementing [`Watcher`], one [`Backend`] variant
@@ -65,8 +71,10 @@
 //!
 //! With a probe, the notifier's counter carries [`crate::generation::PULL`] and every check
 //! pulls first; without one the fast path stays one load and one compare.
+pub mod ebpf;
 pub(crate) mod hooks;
 mod hybrid;
+pub(crate) mod kernel;
 pub(crate) mod table;
 pub(crate) mod uffd;
 
@@ -79,8 +87,8 @@ use crate::sink::{Probe, Sink};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Backend {
-    /// userfaultfd where it starts, else hooks (what [`Notifier::new`](crate::Notifier::new)
-    /// uses unless `UMN_BACKEND` says otherwise).
+    /// The kernel module where it is loaded, else userfaultfd where it starts, else hooks
+    /// (what [`Notifier::new`](crate::Notifier::new) uses unless `UMN_BACKEND` says otherwise).
     Auto,
     /// userfaultfd's non-cooperative events: sees every kind of change the kernel reports,
     /// libc or raw syscall; one monitor thread.
@@ -93,29 +101,42 @@ pub enum Backend {
     /// round trip); userfaultfd still sees raw syscalls, io_uring and `process_madvise`; pages
     /// another userfaultfd owns are watched by the hooks alone.
     Hybrid,
+    /// BPF programs on the syscall tracepoints bump a word per watched range in a mapped
+    /// array, in the calling thread; checks pull (one load when nothing changed). Needs a
+    /// running `umn daemon`, or root to load the programs; misses io_uring and file-level
+    /// changes.
+    Ebpf,
+    /// This project's `/dev/ummunotify` kernel module (`kernel/module/`) where it is loaded:
+    /// MMU notifiers in the invalidating thread, every cause, no window; checks pull its
+    /// mapped counter. [`Auto`](Backend::Auto) prefers it.
+    Kernel,
 }
 
 /// The environment variable [`Notifier::new`](crate::Notifier::new) reads.
 pub const BACKEND_ENV: &str = "UMN_BACKEND";
 
 impl Backend {
-    /// The name `UMN_BACKEND` and `umn` use: `auto`, `uffd`, `hooks`, `hybrid`.
+    /// The name `UMN_BACKEND` and `umn` use: `auto`, `uffd`, `hooks`, `hybrid`, `ebpf`, `kernel`.
     pub fn name(self) -> &'static str {
         match self {
             Backend::Auto => "auto",
             Backend::Userfaultfd => "uffd",
             Backend::Hooks => "hooks",
             Backend::Hybrid => "hybrid",
+            Backend::Ebpf => "ebpf",
+            Backend::Kernel => "kernel",
         }
     }
 
-    /// Parses `auto`, `uffd` (or `userfaultfd`), `hooks`, `hybrid`.
+    /// Parses `auto`, `uffd` (or `userfaultfd`), `hooks`, `hybrid`, `ebpf` (or `bpf`), `kernel`.
     pub fn from_name(name: &str) -> Option<Backend> {
         match name.trim() {
             "auto" | "" => Some(Backend::Auto),
             "uffd" | "userfaultfd" => Some(Backend::Userfaultfd),
             "hooks" => Some(Backend::Hooks),
             "hybrid" => Some(Backend::Hybrid),
+            "ebpf" | "bpf" => Some(Backend::Ebpf),
+            "kernel" => Some(Backend::Kernel),
             _ => None,
         }
     }
@@ -221,7 +242,18 @@ pub(crate) fn open(
         );
         (uffd::watcher(c), Backend::Userfaultfd, how)
     };
+    // Auto prefers the module where it is loaded (and answers; else on to userfaultfd).
+    if backend == Backend::Auto {
+        if let Ok(w) = kernel::watcher() {
+            let how = "auto: /dev/ummunotify (this project's module) is loaded".to_owned();
+            return Ok((w, Backend::Kernel, how));
+        }
+    }
     match backend {
+        Backend::Kernel => kernel::watcher().map(|w| {
+            let how = "asked for kernel: /dev/ummunotify (this project's module)".to_owned();
+            (w, Backend::Kernel, how)
+        }),
         Backend::Userfaultfd => Ok(uffd(uffd::Context::shared()?, "asked for ")),
         Backend::Hybrid => {
             let ctx = uffd::Context::shared()?;
@@ -234,6 +266,21 @@ pub(crate) fn open(
                 ctx.how()
             );
             Ok((hybrid::watcher(ctx), Backend::Hybrid, why))
+        }
+        Backend::Ebpf => {
+            let area = ebpf::Area::shared().map_err(|e| crate::Unsupported::Ebpf {
+                reason: e.to_string(),
+            })?;
+            let how = if area.is_local() {
+                "asked for ebpf: programs loaded in this process"
+            } else {
+                "asked for ebpf: area from umn daemon"
+            };
+            Ok((
+                Box::new(ebpf::EbpfWatcher::new(area)),
+                Backend::Ebpf,
+                how.to_string(),
+            ))
         }
         Backend::Hooks => hooks()
             .map(|(w, b, how)| (w, b, format!("asked for hooks: {how}")))
@@ -311,5 +358,5 @@ pub fn probe() -> Vec<BackendReport> {
             auto,
         ],
     };
-    vec![u, h, hybrid]
+    vec![kernel::probe(), u, h, hybrid, ebpf::probe()]
 }

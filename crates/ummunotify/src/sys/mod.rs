@@ -7,7 +7,7 @@
 pub(crate) mod vma;
 
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 
 fn cvt(ret: libc::c_int) -> io::Result<libc::c_int> {
@@ -16,6 +16,25 @@ fn cvt(ret: libc::c_int) -> io::Result<libc::c_int> {
     } else {
         Ok(ret)
     }
+}
+
+/// `mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)`: a new shared mapping.
+pub(crate) fn mmap_shared(fd: BorrowedFd<'_>, len: usize) -> io::Result<NonNull<u8>> {
+    // SAFETY: a new mapping chosen by the kernel; no existing memory is affected.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(NonNull::new(p.cast()).expect("mmap returned NULL"))
 }
 
 /// The system page size.
@@ -134,25 +153,8 @@ impl CounterPage {
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         // SAFETY: ftruncate on an fd we own.
         cvt(unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) })?;
-        // SAFETY: a fresh shared mapping of our own memfd; no existing memory is affected.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(CounterPage {
-            fd,
-            ptr: NonNull::new(p.cast()).expect("mmap returned NULL"),
-            len,
-        })
+        let ptr = mmap_shared(fd.as_fd(), len)?;
+        Ok(CounterPage { fd, ptr, len })
     }
 
     /// The counter word: the first 8 bytes of the page.

@@ -83,7 +83,8 @@ fn names(bits: u64) -> Vec<&'static str> {
 
 impl Uffd {
     /// Opens and initialises a context with the events this crate needs, plus `WP_ASYNC` when
-    /// offered (it lets file-backed and SysV-shm mappings be watched).
+    /// offered (it lets file-backed and SysV-shm mappings be watched) and `EVENT_REMOVE_DONE`
+    /// when offered (a patched kernel: every `REMOVE` then has an end, see `crate::inflight`).
     pub(crate) fn open() -> Result<Uffd, Unsupported> {
         let offered = offered()?;
         if offered & REQUIRED != REQUIRED {
@@ -91,7 +92,7 @@ impl Uffd {
                 missing: names(REQUIRED & !offered),
             });
         }
-        let wanted = REQUIRED | (offered & feature::WP_ASYNC);
+        let wanted = REQUIRED | (offered & (feature::WP_ASYNC | feature::EVENT_REMOVE_DONE));
         let (fd, how) = create()?;
         // The kernel answers with every feature it has, not the ones enabled: remember ours.
         sys::api(fd.as_fd(), wanted).map_err(Unsupported::Other)?;
@@ -116,6 +117,11 @@ impl Uffd {
     /// Whether file-backed and shm mappings can be watched.
     pub(crate) fn has_wp_async(&self) -> bool {
         self.features & feature::WP_ASYNC != 0
+    }
+
+    /// Whether the kernel ends every `REMOVE` with a `REMOVE_DONE` (this project's patch).
+    pub(crate) fn has_remove_done(&self) -> bool {
+        self.features & feature::EVENT_REMOVE_DONE != 0
     }
 
     pub(crate) fn how(&self) -> &'static str {
@@ -507,6 +513,7 @@ pub(crate) fn decode(msg: &sys::UffdMsg) -> Invalidation {
             start: msg.arg[0],
             end: msg.arg[1],
         },
+        // The end of a REMOVE (the patched kernel): not a change; the monitor closes its window.
         sys::event::REMAP => Invalidation::Remap {
             from: msg.arg[0],
             to: msg.arg[1],
@@ -532,10 +539,22 @@ pub(crate) fn probe() -> BackendReport {
              MADV_COLLAPSE, fallocate(PUNCH_HOLE)/ftruncate of a mapped file"
                 .to_string(),
         );
+        if u.has_remove_done() {
+            notes.push(
+                "EVENT_REMOVE_DONE (this project's kernel patch): every REMOVE ends with a \
+                 REMOVE_DONE after its zap, which closes its window; no sender is named or \
+                 signalled"
+                    .to_string(),
+            );
+        }
+        let mut used = names(u.features);
+        if u.has_remove_done() {
+            used.push("EVENT_REMOVE_DONE");
+        }
         format!(
             "ok: opened with {}; features in use: {}",
             u.how(),
-            names(u.features).join(" ")
+            used.join(" ")
         )
     });
     if let Ok(v) = std::fs::read_to_string("/proc/sys/vm/unprivileged_userfaultfd") {

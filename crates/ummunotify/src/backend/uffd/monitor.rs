@@ -103,6 +103,7 @@ fn run(inner: &Inner, control: &Control) {
     // Allocated once, before the loop (MAX_SINKS pointer pairs): the event path never does.
     let mut held = Box::new(Held::<MAX_SINKS>::new());
     let mut dead = false;
+    let kernel_ends = inner.uffd.has_remove_done();
     // The loop ends only when the context is dropped: exiting earlier would close it under
     // user threads that still use its fd (see `Uffd`), so failures make it dead instead.
     loop {
@@ -135,13 +136,22 @@ fn run(inner: &Inner, control: &Control) {
                     // when the message hit none of its regions) comes as early as it can.
                     held.each(|s| {
                         // A REMOVE's zap comes after this read: a window the in-flight
-                        // protocol ends (userfaultfd sends no "end").
+                        // protocol ends (stock userfaultfd sends no "end").
                         // (`__testing::disable_remove_in_flight` turns this off, as before
                         // issue 9.)
+                        // A patched kernel sends REMOVE_DONE after the zap (same range): then
+                        // the window is one the backend closes.
                         if let Invalidation::Remove { start, end } = inv {
                             if !crate::inflight::disabled() {
-                                s.window_open(start, end, WindowEnd::Learnt);
+                                let how = if kernel_ends {
+                                    WindowEnd::Closed
+                                } else {
+                                    WindowEnd::Learnt
+                                };
+                                s.window_open(start, end, how);
                             }
+                        } else if msg.event == sys::event::REMOVE_DONE {
+                            s.window_close_range(msg.arg[0], msg.arg[1]);
                         }
                         // A panic (fault injection) kills that notifier only.
                         if catch_unwind(AssertUnwindSafe(|| s.apply(inv))).is_err() {

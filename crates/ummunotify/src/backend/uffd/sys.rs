@@ -21,6 +21,11 @@ pub(crate) mod feature {
     pub(crate) const EVENT_REMOVE: u64 = 1 << 3;
     pub(crate) const EVENT_UNMAP: u64 = 1 << 6;
     pub(crate) const WP_ASYNC: u64 = 1 << 15;
+    /// `UFFD_FEATURE_EVENT_REMOVE_DONE`: every `REMOVE` gets an end, `UFFD_EVENT_REMOVE_DONE`,
+    /// sent by the remover after its zap. Not upstream: this project's kernel patch
+    /// (`kernel/patches/uffd-remove-done.patch`, `docs/KERNEL-PATCH.md`); the bit is far above
+    /// the assigned ones so that no released kernel offers it by accident.
+    pub(crate) const EVENT_REMOVE_DONE: u64 = 1 << 30;
     /// Names of all bits the 6.18 kernel advertises, for `umn doctor`.
     pub(crate) const NAMES: [&str; 17] = [
         "PAGEFAULT_FLAG_WP",
@@ -52,6 +57,8 @@ pub(crate) mod event {
     pub(crate) const REMAP: u8 = 0x14;
     pub(crate) const REMOVE: u8 = 0x15;
     pub(crate) const UNMAP: u8 = 0x16;
+    /// `UFFD_EVENT_REMOVE_DONE` (with `feature::EVENT_REMOVE_DONE`): `arg` as for `REMOVE`.
+    pub(crate) const REMOVE_DONE: u8 = 0x17;
 }
 
 /// `struct uffdio_api`.

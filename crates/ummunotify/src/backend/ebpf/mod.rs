@@ -1,0 +1,772 @@
+//! The eBPF backend: BPF programs on the syscall tracepoints bump a word per registered range,
+//! in the calling thread, before the syscall changes anything: the 2010 device's semantics
+//! with a one-load check.
+//!
+//! # Mechanism
+//! Programs (`prog.rs`) on `syscalls:sys_enter_{munmap, mremap, madvise, brk, mmap, shmdt,
+//! shmat, process_madvise, remap_file_pages}` compute from the arguments the range the call
+//! will change (madvise only for advice that drops frames, mmap only with `MAP_FIXED`, shmat
+//! only with `SHM_REMAP`), find the caller's *area* by its tgid (`procs`, a hash of maps), and
+//! bump the word of every registered range that overlaps, plus the area's counter. The area
+//! (`layout.rs`) is a `BPF_F_MMAPABLE` array the process maps: registering writes a range into a
+//! free slot and remembers the slot's word; [`Area::is_valid`] is one load and a compare.
+//!
+//! # Example
+//! Through the notifier: `Notifier::with_backend(Backend::Ebpf)` (or `UMN_BACKEND=ebpf`). The
+//! mechanism underneath, directly:
+//! ```no_run
+//! use ummunotify::ebpf::Area;
+//! let area = Area::shared()?; // from `umn daemon`, or the programs loaded here as root
+//! let buf = vec![0u8; 1 << 16];
+//! let start = buf.as_ptr() as u64;
+//! let ticket = area.register(start, start + buf.len() as u64)?;
+//! // ... pin `buf` for a device, then before each use:
+//! assert!(area.is_valid(ticket)); // one load and a compare
+//! area.unregister(ticket);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # Visibility rule (guarantee 1)
+//! The entry program runs in the calling thread before the syscall does its work, and bumps
+//! the word with a locked add: once the call has returned in any thread, a later load of the
+//! word in any thread sees the bump.
+//!
+//! # Start and end (issue 9's problem)
+//! An entry program that ran before a range was registered did not see it; if the call's
+//! change completes after the registration pinned its frames, the registration would hold the
+//! old frames. So the entry program also stores the call's range in `inflight[pid_tgid]`, and
+//! one program on the matching `sys_exit_*` tracepoints takes it back and bumps again every
+//! range that overlaps *now*. [`Area::register`] writes the range, fences, and only then reads
+//! the word it will compare with; any call whose exit comes after that read bumps the word
+//! (its change may not be complete), any call whose exit came before it had finished its change
+//! before the registration pinned anything. No registration made inside a call's window stays
+//! valid after the call returns.
+//!
+//! # Per-process filtering
+//! `procs` is keyed by tgid: one area per process, found with one hash lookup; a call of any
+//! other process costs the programs' argument filter and that lookup (a miss). Forked children
+//! have another tgid, so their calls never touch the parent's area; a `pthread_atfork` child
+//! handler replaces every area mapping with private memory whose words can match no ticket.
+//!
+//! # Privilege: loading needs root, using does not
+//! [`Programs::load`] needs `CAP_BPF`+`CAP_PERFMON` (root): it creates the maps, loads and
+//! attaches the programs (one perf event per tracepoint, `pid = -1`). A root process can use
+//! them itself ([`Area::open_local`]); `umn daemon` loads them once per node and hands each
+//! connecting process its area's fd over a Unix socket (`SCM_RIGHTS`, [`Daemon`],
+//! [`Area::connect`]); `bpf(BPF_MAP_*)` and `mmap` on an fd one holds need no privilege.
+//!
+//! # What it misses (shown as missed by `umn coverage --backend ebpf`)
+//! Calls that do not go through these syscall entries: ia32 `int $0x80`, io_uring
+//! `IORING_OP_MADVISE`, `fallocate(PUNCH_HOLE)`/`ftruncate` of a shared file or memfd, kernel
+//! internal changes (migration, KSM, THP collapse by khugepaged, reclaim of unpinned pages).
+//! `shmdt`/`shmat(SHM_REMAP)` invalidate everything above the address (the segment size is not
+//! in the arguments).
+//!
+//! # Limits
+//! [`SLOTS`] ranges per process (the verifier's budget for the scan); [`MAX_PROCESSES`]
+//! processes per set of programs; 65,536 threads inside a watched call at once, node-wide (the
+//! `inflight` map: a call whose record does not fit is still seen at entry, but a registration
+//! inside its window is not caught at its exit).
+//!
+//! # Costs
+//! While the programs are attached, *every* syscall of *every* process on the node pays the
+//! syscall-tracepoint entry/exit path (KERNEL-FACTS "eBPF": getpid 240 → 331 ns); a watched
+//! call pays the programs (a hash lookup, and a scan of the process's ranges when the call
+//! falls inside their bounding box). Ranges per process: [`SLOTS`].
+//!
+//! # Toolchain
+//! The programs are assembled here, in Rust (`asm.rs`), and loaded with the raw `bpf(2)` syscall
+//! (`sys.rs`): the build needs no clang, no libbpf, no bpf-linker or nightly toolchain (aya's
+//! in-kernel side), no `vmlinux.h`; it builds wherever the crate builds. That is possible
+//! because the programs read only the tracepoint record (its offsets parsed from tracefs) and
+//! maps, never a kernel structure, so there is nothing for CO-RE to relocate.
+#![allow(unsafe_code)] // The area is shared memory written by the kernel; fork handler.
+
+pub(crate) mod asm;
+pub(crate) mod layout;
+pub(crate) mod prog;
+pub(crate) mod sys;
+mod watcher;
+
+pub(crate) use watcher::EbpfWatcher;
+
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::Path;
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, AtomicUsize};
+use std::sync::{Arc, Mutex, Weak};
+
+pub use layout::SLOTS;
+use layout::*;
+
+/// The socket `umn daemon` listens on unless `UMN_EBPF_SOCKET` names another.
+pub const DEFAULT_SOCKET: &str = "/run/ummunotify/ebpf.sock";
+/// The environment variable naming the daemon's socket.
+pub const SOCKET_ENV: &str = "UMN_EBPF_SOCKET";
+/// Processes one set of programs serves at once.
+pub const MAX_PROCESSES: u32 = 4096;
+/// Threads inside a watched call at once, node-wide.
+const MAX_INFLIGHT: u32 = 65536;
+
+const HELLO: &[u8] = b"umn-ebpf 1\n";
+
+fn ctx(what: &str, e: io::Error) -> io::Error {
+    io::Error::new(e.kind(), format!("{what}: {e}"))
+}
+
+/// The loaded and attached programs and their maps. Dropping it detaches them.
+pub struct Programs {
+    procs: OwnedFd,
+    _inflight: OwnedFd,
+    _template: OwnedFd,
+    _progs: Vec<OwnedFd>,
+    _links: Vec<OwnedFd>,
+    attached: Vec<String>,
+}
+
+fn area_map() -> io::Result<OwnedFd> {
+    sys::map_create(
+        "umn_area",
+        sys::BPF_MAP_TYPE_ARRAY,
+        4,
+        AREA_SIZE as u32,
+        1,
+        sys::BPF_F_MMAPABLE,
+        None,
+    )
+}
+
+impl Programs {
+    /// Creates the maps, loads the programs and attaches them to the syscall tracepoints
+    /// (mounting tracefs when it is not). Needs root (`CAP_BPF` and `CAP_PERFMON`).
+    ///
+    /// # Errors
+    /// The failing step and its errno (`EPERM` without privilege), or the verifier's words.
+    pub fn load() -> io::Result<Programs> {
+        let template = area_map().map_err(|e| ctx("bpf(BPF_MAP_CREATE, mmapable array)", e))?;
+        let procs = sys::map_create(
+            "umn_procs",
+            sys::BPF_MAP_TYPE_HASH_OF_MAPS,
+            4,
+            4,
+            MAX_PROCESSES,
+            0,
+            Some(template.as_fd()),
+        )
+        .map_err(|e| ctx("bpf(BPF_MAP_CREATE, hash of maps)", e))?;
+        let inflight = sys::map_create(
+            "umn_inflight",
+            sys::BPF_MAP_TYPE_HASH,
+            8,
+            32,
+            MAX_INFLIGHT,
+            0,
+            None,
+        )
+        .map_err(|e| ctx("bpf(BPF_MAP_CREATE, hash)", e))?;
+        let (pf, inf) = (procs.as_raw_fd(), inflight.as_raw_fd());
+        let mut progs = Vec::new();
+        let mut links = Vec::new();
+        let mut attached = Vec::new();
+        let mut exit_prog: Option<(OwnedFd, i16)> = None;
+        for kind in prog::Kind::ALL {
+            let enter_tp = format!("sys_enter_{}", kind.syscall());
+            let exit_tp = format!("sys_exit_{}", kind.syscall());
+            let (id, arg0) = sys::tracepoint(&enter_tp)?;
+            let (exit_id, ret) = sys::tracepoint(&exit_tp)?;
+            let name = format!("umn_{}", kind.syscall());
+            let fd = sys::prog_load_tracepoint(&name, &prog::enter(kind, arg0, pf, inf))?;
+            if exit_prog.is_none() {
+                let e = sys::prog_load_tracepoint("umn_exit", &prog::exit(ret, pf, inf))?;
+                exit_prog = Some((e, ret));
+            }
+            let (efd, eret) = exit_prog.as_ref().expect("loaded above");
+            if *eret != ret {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("{exit_tp}: ret at offset {ret}, other sys_exit records at {eret}"),
+                ));
+            }
+            links.push(sys::attach_tracepoint(id, fd.as_fd()).map_err(|e| ctx(&enter_tp, e))?);
+            links.push(sys::attach_tracepoint(exit_id, efd.as_fd()).map_err(|e| ctx(&exit_tp, e))?);
+            progs.push(fd);
+            attached.push(enter_tp);
+            attached.push(exit_tp);
+        }
+        progs.extend(exit_prog.map(|(fd, _)| fd));
+        Ok(Programs {
+            procs,
+            _inflight: inflight,
+            _template: template,
+            _progs: progs,
+            _links: links,
+            attached,
+        })
+    }
+
+    /// The tracepoints the programs are attached to.
+    pub fn tracepoints(&self) -> &[String] {
+        &self.attached
+    }
+
+    /// Creates an area for process `tgid` and enters it in `procs`; `exclusive` refuses a
+    /// tgid that already has one (`EEXIST`).
+    pub fn new_area(&self, tgid: u32, exclusive: bool) -> io::Result<OwnedFd> {
+        let map = area_map().map_err(|e| ctx("bpf(BPF_MAP_CREATE, area)", e))?;
+        let mut init = vec![0u8; AREA_SIZE];
+        init[OFF_LO..OFF_LO + 8].copy_from_slice(&u64::MAX.to_ne_bytes());
+        init[OFF_LAYOUT..OFF_LAYOUT + 8].copy_from_slice(&LAYOUT_VERSION.to_ne_bytes());
+        sys::map_update(map.as_fd(), &0u32.to_ne_bytes(), &init, 0)
+            .map_err(|e| ctx("bpf(BPF_MAP_UPDATE_ELEM, area)", e))?;
+        let fd = (map.as_raw_fd() as u32).to_ne_bytes();
+        let flags = if exclusive { 1 } else { 0 }; // BPF_NOEXIST
+        sys::map_update(self.procs.as_fd(), &tgid.to_ne_bytes(), &fd, flags)
+            .map_err(|e| ctx("bpf(BPF_MAP_UPDATE_ELEM, procs)", e))?;
+        Ok(map)
+    }
+
+    /// Takes process `tgid` out of `procs` (its calls no longer reach any area).
+    pub fn remove(&self, tgid: u32) -> io::Result<()> {
+        sys::map_delete(self.procs.as_fd(), &tgid.to_ne_bytes())
+    }
+
+    /// Whether `tgid` has an area.
+    pub fn has_area(&self, tgid: u32) -> bool {
+        let mut id = [0u8; 4];
+        sys::map_lookup(self.procs.as_fd(), &tgid.to_ne_bytes(), &mut id).is_ok()
+    }
+}
+
+/// A registered range's slot and the word it was registered with. [`Area::is_valid`] compares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ticket {
+    slot: u32,
+    word: u64,
+}
+
+impl Ticket {
+    /// The slot (an index below [`SLOTS`]).
+    pub fn slot(self) -> u32 {
+        self.slot
+    }
+}
+
+struct Slots {
+    free: Vec<u32>,
+    high: u32,
+    /// Per slot: the word [`Area::drain`] last reported.
+    reported: Vec<u64>,
+}
+
+enum Owner {
+    Local(Programs),
+    Daemon(#[allow(dead_code)] UnixStream), // held open: the daemon drops the area on EOF
+}
+
+/// One process's area, mapped: register ranges, check them with one load.
+pub struct Area {
+    base: *mut u8,
+    len: usize,
+    _map: OwnedFd,
+    slots: Mutex<Slots>,
+    pid: u32,
+    owner: Owner,
+    fork_slot: usize,
+}
+
+// SAFETY: the mapping is shared memory accessed only through atomics; the slot table is
+// behind a Mutex.
+unsafe impl Send for Area {}
+// SAFETY: as above.
+unsafe impl Sync for Area {}
+
+/// Live area mappings, for the fork handler (base address, length).
+static FORK_AREAS: [(AtomicUsize, AtomicUsize); 64] =
+    [const { (AtomicUsize::new(0), AtomicUsize::new(0)) }; 64];
+
+extern "C" fn fork_child() {
+    for (b, l) in &FORK_AREAS {
+        let (base, len) = (b.load(SeqCst), l.load(SeqCst));
+        if base == 0 {
+            continue;
+        }
+        // SAFETY: [base, base+len) is an area mapping of this (forked) process; replacing it
+        // with private memory detaches the child from the parent's area. mmap and plain
+        // stores are async-signal-safe.
+        unsafe {
+            let p = libc::mmap(
+                base as *mut libc::c_void,
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                -1,
+                0,
+            );
+            if p != libc::MAP_FAILED {
+                // Words can never reach u64::MAX: no ticket matches.
+                let w = (base + OFF_WORDS) as *mut u64;
+                for i in 0..SLOTS {
+                    w.add(i).write_volatile(u64::MAX);
+                }
+                ((base + OFF_GEN) as *mut u64).write_volatile(u64::MAX);
+            }
+        }
+    }
+}
+
+fn getpid() -> u32 {
+    // SAFETY: no preconditions.
+    unsafe { libc::getpid() as u32 }
+}
+
+fn map_len() -> usize {
+    AREA_SIZE.div_ceil(PAGE as usize) * PAGE as usize
+}
+
+impl Area {
+    /// Loads the programs in this process (root) and opens this process's area.
+    ///
+    /// # Errors
+    /// See [`Programs::load`].
+    pub fn open_local() -> io::Result<Area> {
+        let programs = Programs::load()?;
+        let map = programs.new_area(getpid(), false)?;
+        Area::from_map(map, Owner::Local(programs))
+    }
+
+    /// Asks the daemon on `path` for this process's area.
+    ///
+    /// # Errors
+    /// No daemon there, the daemon's refusal (in its words), or a bad reply.
+    pub fn connect(path: &Path) -> io::Result<Area> {
+        let mut s = UnixStream::connect(path)
+            .map_err(|e| ctx(&format!("connect {}", path.display()), e))?;
+        s.write_all(HELLO)?;
+        let mut buf = [0u8; 256];
+        let (n, fd) = sys::recv_fd(s.as_fd(), &mut buf)?;
+        let reply = String::from_utf8_lossy(&buf[..n]).trim().to_string();
+        let expect = format!("ok {LAYOUT_VERSION} {SLOTS}");
+        match fd {
+            Some(fd) if reply == expect => Area::from_map(fd, Owner::Daemon(s)),
+            _ => Err(io::Error::other(format!(
+                "umn daemon at {}: {reply:?} (wanted {expect:?})",
+                path.display()
+            ))),
+        }
+    }
+
+    /// The daemon's socket if one is listening (`UMN_EBPF_SOCKET` or [`DEFAULT_SOCKET`]), else
+    /// the programs loaded here (root); the error says why neither worked.
+    pub fn open() -> io::Result<Area> {
+        let path = std::env::var_os(SOCKET_ENV).unwrap_or_else(|| DEFAULT_SOCKET.into());
+        let path = Path::new(&path);
+        let daemon = match Area::connect(path) {
+            Ok(a) => return Ok(a),
+            Err(e) => e,
+        };
+        Area::open_local().map_err(|local| {
+            io::Error::new(
+                local.kind(),
+                format!("no eBPF daemon ({daemon}), and loading the programs here failed: {local}"),
+            )
+        })
+    }
+
+    /// The process-wide area (`procs` holds one per tgid), opened with [`Area::open`] on
+    /// first use and kept while anyone holds it.
+    pub fn shared() -> io::Result<Arc<Area>> {
+        static SHARED: Mutex<Weak<Area>> = Mutex::new(Weak::new());
+        let mut g = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(a) = g.upgrade() {
+            if a.pid == getpid() {
+                return Ok(a);
+            }
+        }
+        let a = Arc::new(Area::open()?);
+        *g = Arc::downgrade(&a);
+        Ok(a)
+    }
+
+    fn from_map(map: OwnedFd, owner: Owner) -> io::Result<Area> {
+        let len = map_len();
+        let base = crate::sys::mmap_shared(map.as_fd(), len)
+            .map_err(|e| ctx("mmap(area)", e))?
+            .as_ptr();
+        static ATFORK: std::sync::Once = std::sync::Once::new();
+        ATFORK.call_once(|| {
+            // SAFETY: registers a handler that lives for the process.
+            unsafe { libc::pthread_atfork(None, None, Some(fork_child)) };
+        });
+        let fork_slot = FORK_AREAS
+            .iter()
+            .position(|(b, _)| b.compare_exchange(0, base as usize, SeqCst, SeqCst).is_ok())
+            .unwrap_or(usize::MAX);
+        if let Some((_, l)) = FORK_AREAS.get(fork_slot) {
+            l.store(len, SeqCst);
+        }
+        let area = Area {
+            base,
+            len,
+            _map: map,
+            slots: Mutex::new(Slots {
+                free: Vec::new(),
+                high: 0,
+                reported: vec![0; SLOTS],
+            }),
+            pid: getpid(),
+            owner,
+            fork_slot,
+        };
+        if area.u64_at(OFF_LAYOUT).load(Relaxed) != LAYOUT_VERSION {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "area layout version differs",
+            ));
+        }
+        // Let the exit program learn the current break (brk(0) changes nothing).
+        // SAFETY: brk(0) only reports the break.
+        unsafe { libc::syscall(libc::SYS_brk, 0usize) };
+        Ok(area)
+    }
+
+    fn u64_at(&self, off: usize) -> &AtomicU64 {
+        debug_assert!(off + 8 <= self.len && off % 8 == 0);
+        // SAFETY: off is inside the mapping and 8-aligned (the mapping is page-aligned); the
+        // memory lives as long as self and is only accessed atomically.
+        unsafe { &*(self.base.add(off) as *const AtomicU64) }
+    }
+
+    fn word(&self, slot: u32) -> &AtomicU64 {
+        self.u64_at(OFF_WORDS + 8 * slot as usize)
+    }
+
+    /// Registers `[start, end)` (rounded out to pages): from now on every watched call on it
+    /// bumps its word. Compare with [`Area::is_valid`] after pinning.
+    ///
+    /// # Errors
+    /// [`EmptyRange`](crate::Error::EmptyRange), [`WrappingRange`](crate::Error::WrappingRange),
+    /// [`Forked`](crate::Error::Forked) in a forked child, and
+    /// [`CoverageLimit`](crate::Error::CoverageLimit) when all [`SLOTS`] are in use.
+    pub fn register(&self, start: u64, end: u64) -> crate::Result<Ticket> {
+        if getpid() != self.pid {
+            return Err(crate::Error::Forked);
+        }
+        if end < start {
+            return Err(crate::Error::WrappingRange);
+        }
+        let s = start & !(PAGE - 1);
+        let e = end
+            .checked_add(PAGE - 1)
+            .ok_or(crate::Error::WrappingRange)?
+            & !(PAGE - 1);
+        if s == e {
+            return Err(crate::Error::EmptyRange);
+        }
+        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        let slot = match slots.free.pop() {
+            Some(s) => s,
+            None if (slots.high as usize) < SLOTS => {
+                slots.high += 1;
+                slots.high - 1
+            }
+            None => {
+                return Err(crate::Error::CoverageLimit(io::Error::other(format!(
+                    "the eBPF area holds {SLOTS} ranges"
+                ))))
+            }
+        };
+        let h = OFF_HINTS + HINT_SIZE * slot as usize;
+        self.u64_at(h).store(EMPTY_LO, Relaxed);
+        self.u64_at(h + 8).store(0, Relaxed);
+        self.u64_at(h + 16).store(0, Relaxed);
+        let r = OFF_RANGES + 16 * slot as usize;
+        self.u64_at(r).store(s, Relaxed);
+        self.u64_at(r + 8).store(e, Release);
+        self.u64_at(OFF_LO).fetch_min(s, SeqCst);
+        self.u64_at(OFF_HI).fetch_max(e, SeqCst);
+        // SAFETY: OFF_COUNT is 4-aligned inside the mapping.
+        let count = unsafe { &*(self.base.add(OFF_COUNT) as *const AtomicU32) };
+        count.fetch_max(slot + 1, SeqCst);
+        // The range is visible to every program that starts from here on; read the word only
+        // now (see "Start and end" in the module doc).
+        fence(SeqCst);
+        let word = self.word(slot).load(SeqCst);
+        slots.reported[slot as usize] = word;
+        Ok(Ticket { slot, word })
+    }
+
+    /// Whether no watched call touched the ticket's range since it was registered: one load.
+    #[inline]
+    pub fn is_valid(&self, t: Ticket) -> bool {
+        self.word(t.slot).load(Acquire) == t.word
+    }
+
+    /// The area's counter: changes whenever any word does.
+    #[inline]
+    pub fn generation(&self) -> u64 {
+        self.u64_at(OFF_GEN).load(Acquire)
+    }
+
+    /// Stops watching the ticket's range and frees its slot.
+    pub fn unregister(&self, t: Ticket) {
+        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        let r = OFF_RANGES + 16 * t.slot as usize;
+        self.u64_at(r + 8).store(0, SeqCst);
+        self.u64_at(r).store(0, SeqCst);
+        slots.free.push(t.slot);
+    }
+
+    /// The part of the ticket's range that watched calls touched since the last call (or the
+    /// registration), if any: the 2010 device's event with its hint, never smaller than what
+    /// was touched. Resets the hint.
+    pub fn take_change(&self, t: Ticket) -> Option<std::ops::Range<u64>> {
+        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        self.take_locked(&mut slots, t.slot)
+    }
+
+    fn take_locked(&self, slots: &mut Slots, slot: u32) -> Option<std::ops::Range<u64>> {
+        let w = self.word(slot).load(Acquire);
+        if w == slots.reported[slot as usize] {
+            return None;
+        }
+        slots.reported[slot as usize] = w;
+        let h = OFF_HINTS + HINT_SIZE * slot as usize;
+        let torn = self.u64_at(h + 16).swap(0, SeqCst);
+        let lo = self.u64_at(h).swap(EMPTY_LO, SeqCst);
+        let hi = self.u64_at(h + 8).swap(0, SeqCst);
+        let r = OFF_RANGES + 16 * slot as usize;
+        let (s, e) = (
+            self.u64_at(r).load(Acquire),
+            self.u64_at(r + 8).load(Acquire),
+        );
+        // The union of the calls' ranges since the last take, clipped; the whole range when two
+        // calls raced on the union (torn) or a take raced with a call (empty after clipping).
+        let (lo, hi) = (lo.max(s), hi.min(e));
+        Some(if torn == 0 && lo < hi { lo..hi } else { s..e })
+    }
+
+    /// Whether the programs were loaded by this process (`false`: a daemon's).
+    pub fn is_local(&self) -> bool {
+        matches!(self.owner, Owner::Local(_))
+    }
+}
+
+impl std::fmt::Debug for Area {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Area")
+            .field("base", &self.base)
+            .field("pid", &self.pid)
+            .field("local", &self.is_local())
+            .field("generation", &self.generation())
+            .finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for Programs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Programs")
+            .field("tracepoints", &self.attached)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Area {
+    fn drop(&mut self) {
+        if let Owner::Local(p) = &self.owner {
+            let _ = p.remove(self.pid);
+        }
+        if let Some((b, l)) = FORK_AREAS.get(self.fork_slot) {
+            l.store(0, SeqCst);
+            b.store(0, SeqCst);
+        }
+        // SAFETY: the mapping was made in from_map with this length and nothing borrows it
+        // (every borrow is tied to &self).
+        unsafe { libc::munmap(self.base.cast(), self.len) };
+    }
+}
+
+fn cap_eff() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("CapEff:"))?;
+    u64::from_str_radix(line.split_whitespace().nth(1)?, 16).ok()
+}
+
+/// What `umn doctor` says about the eBPF backend: whether a daemon answers, whether this
+/// process could load the programs, and exactly what is missing otherwise.
+pub(crate) fn probe() -> super::BackendReport {
+    let mut notes = Vec::new();
+    let mut features = Vec::new();
+    let sock = std::env::var_os(SOCKET_ENV).unwrap_or_else(|| DEFAULT_SOCKET.into());
+    let sock = Path::new(&sock);
+    let daemon = Area::connect(sock);
+    match std::fs::read_to_string("/proc/sys/kernel/unprivileged_bpf_disabled") {
+        Ok(v) => notes.push(format!("kernel.unprivileged_bpf_disabled = {}", v.trim())),
+        Err(e) => notes.push(format!("/proc/sys/kernel/unprivileged_bpf_disabled: {e}")),
+    }
+    let caps = cap_eff().unwrap_or(0);
+    let (bpf, perfmon, admin) = (
+        caps >> 39 & 1 == 1,
+        caps >> 38 & 1 == 1,
+        caps >> 21 & 1 == 1,
+    );
+    let privileged = admin || (bpf && perfmon);
+    notes.push(format!(
+        "this process: CAP_BPF {bpf}, CAP_PERFMON {perfmon}, CAP_SYS_ADMIN {admin}{}",
+        if privileged {
+            ""
+        } else {
+            " (loading needs CAP_BPF and CAP_PERFMON, or root)"
+        }
+    ));
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    let tracing = mounts
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let (_, dir, fs) = (f.next(), f.next()?, f.next()?);
+            (fs == "tracefs").then(|| dir.to_string())
+        })
+        .next();
+    match tracing {
+        Some(t) => match std::fs::metadata(format!("{t}/events/syscalls/sys_enter_munmap")) {
+            Ok(_) => features.push("syscall-tracepoints"),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => notes.push(format!(
+                "{t}/events/syscalls/sys_enter_munmap is missing: the kernel lacks \
+                 CONFIG_FTRACE_SYSCALLS"
+            )),
+            Err(e) => notes.push(format!("tracefs at {t}: {e} (the loader needs root)")),
+        },
+        None => notes.push(
+            "tracefs is not mounted (the loader mounts it at /sys/kernel/tracing as root)".into(),
+        ),
+    }
+    let local = if privileged {
+        match Programs::load() {
+            Ok(p) => {
+                features.push("bpf-tracepoint-programs");
+                Ok(format!("{} tracepoints attach", p.tracepoints().len()))
+            }
+            Err(e) => Err(e.to_string()),
+        }
+    } else {
+        Err("not privileged".to_string())
+    };
+    let status = match (&daemon, &local) {
+        (Ok(_), _) => Ok(format!("ok: from umn daemon at {}", sock.display())),
+        (Err(_), Ok(how)) => Ok(format!("ok: loads its programs in this process ({how})")),
+        (Err(d), Err(l)) => Err(crate::Unsupported::Ebpf {
+            reason: format!("no umn daemon ({d}); loading here: {l}"),
+        }),
+    };
+    drop(daemon);
+    notes.push(format!(
+        "sees munmap, mremap, madvise (dropping advice), brk, mmap(MAP_FIXED), shmdt, \
+         shmat(SHM_REMAP), process_madvise, remap_file_pages: libc or raw, in the calling \
+         thread; {SLOTS} ranges per process"
+    ));
+    notes.push(
+        "does not see ia32 int $0x80 calls, io_uring IORING_OP_MADVISE, fallocate(PUNCH_HOLE), \
+         ftruncate; taxes every syscall of every process while attached"
+            .into(),
+    );
+    super::BackendReport {
+        name: "ebpf",
+        status,
+        kernel_features: features,
+        notes,
+    }
+}
+
+/// `umn daemon`'s server: the programs, and one area per connected process.
+pub struct Daemon {
+    programs: Arc<Programs>,
+}
+
+fn peer_pid(s: &UnixStream) -> io::Result<u32> {
+    // SAFETY: ucred is plain data.
+    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: cred and len are valid for writing the option value.
+    let r = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(cred.pid as u32)
+}
+
+impl Daemon {
+    /// Loads the programs (root).
+    pub fn new() -> io::Result<Daemon> {
+        Ok(Daemon {
+            programs: Arc::new(Programs::load()?),
+        })
+    }
+
+    /// The programs served.
+    pub fn programs(&self) -> &Programs {
+        &self.programs
+    }
+
+    /// Binds `path` (removing a stale socket, creating its directory), mode 0666: any local
+    /// process may ask for its own area.
+    pub fn bind(path: &Path) -> io::Result<UnixListener> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let _ = std::fs::remove_file(path);
+        let l =
+            UnixListener::bind(path).map_err(|e| ctx(&format!("bind {}", path.display()), e))?;
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
+        Ok(l)
+    }
+
+    /// Serves connections on `listener` until it fails: each process gets its own area (keyed
+    /// by the pid `SO_PEERCRED` reports, one per process), dropped when it disconnects.
+    pub fn serve(&self, listener: UnixListener) -> io::Result<()> {
+        for conn in listener.incoming() {
+            let conn = conn?;
+            let programs = Arc::clone(&self.programs);
+            std::thread::spawn(move || {
+                let _ = Daemon::client(&programs, conn);
+            });
+        }
+        Ok(())
+    }
+
+    fn client(programs: &Programs, mut conn: UnixStream) -> io::Result<()> {
+        let pid = peer_pid(&conn)?;
+        let mut hello = [0u8; HELLO.len()];
+        conn.read_exact(&mut hello)?;
+        if hello != HELLO {
+            return sys::send_fd(conn.as_fd(), b"err protocol: want umn-ebpf 1\n", None);
+        }
+        let area = match programs.new_area(pid, true) {
+            Ok(a) => a,
+            Err(e) => {
+                let msg = format!("err area for pid {pid}: {e}\n");
+                return sys::send_fd(conn.as_fd(), msg.as_bytes(), None);
+            }
+        };
+        let ok = format!("ok {LAYOUT_VERSION} {SLOTS}\n");
+        let sent = sys::send_fd(conn.as_fd(), ok.as_bytes(), Some(area.as_fd()));
+        if sent.is_ok() {
+            // The client holds the connection for its life; EOF means it is gone.
+            let mut sink = [0u8; 64];
+            while matches!(conn.read(&mut sink), Ok(n) if n > 0) {}
+        }
+        let _ = programs.remove(pid);
+        drop(area);
+        sent
+    }
+}
