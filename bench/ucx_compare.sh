@@ -1,6 +1,7 @@
 #!/bin/bash
-# Compares the ummunotify cache's hit (get + drop of a warm region) with UCX 1.22's
-# ucs_rcache_get + ucs_rcache_region_put, measured one right after the other in the same
+# Compares the ummunotify cache's hit (get + drop of a warm region) and miss (get + drop of a
+# never-seen page, one every other page, regions kept; no-op and mlock registrars) with UCX
+# 1.22's ucs_rcache_get + ucs_rcache_region_put, measured one right after the other in the same
 # invocation (the machine is noisy: only same-run ratios mean anything). The C library's hit
 # (ummunotify_cache_get + _put through libummunotify.so) is measured by umn bench, batch by
 # batch against the Rust hit in the same process (row cache_hit_c).
@@ -51,12 +52,21 @@ if [ "${1:-}" = "--setup-only" ]; then echo "$BIN"; exit 0; fi
 UMN=${CARGO_TARGET_DIR:-$REPO/target}/release/umn
 OURS_JSON=$("$UMN" bench --json) || { echo "ucx_compare: umn bench failed" >&2; exit 1; }
 UCX_OUT=$(UCX_LOG_LEVEL=error "$BIN" "$ITERS" 20000 2>&1) || fail "the UCX harness failed: $(echo "$UCX_OUT" | tail -3)"
+# The same harness with mlock/munlock as UCX's mem_reg/mem_dereg, for the mlock miss.
+UCX_MLOCK=$(MODE=mlock UCX_LOG_LEVEL=error "$BIN" "$ITERS" 20000 2>&1) || fail "the UCX harness (MODE=mlock) failed: $(echo "$UCX_MLOCK" | tail -3)"
 
 echo "$OURS_JSON"
-echo "$UCX_OUT" | grep -E "^HIT .*batch-1000"
-python3 - "$OURS_JSON" "$UCX_OUT" <<'PY'
+echo "$UCX_OUT" | grep -E "^(HIT .*batch-1000|MISS)"
+echo "$UCX_MLOCK" | grep -E "^MISS" | sed 's/^/mlock: /'
+python3 - "$OURS_JSON" "$UCX_OUT" "$UCX_MLOCK" <<'PY'
 import json, re, sys
 ours = {r["name"]: r for r in json.loads(sys.argv[1])["results"]}
+def ucx_miss(out, what):
+    lines = [l for l in out.splitlines() if l.startswith("MISS get+put, 1 page")]
+    if not lines:
+        print(f"ucx_compare: no UCX miss line ({what}) in the harness output", file=sys.stderr); sys.exit(2)
+    m = re.search(r"median=\s*(\d+) ns.*mean=\s*([\d.]+)", lines[0])
+    return float(m.group(1)), float(m.group(2))
 hit = ours["cache_hit"]["ns_per_op"]
 lines = [l for l in sys.argv[2].splitlines() if l.startswith("HIT get+put 4 KiB inside 1 MiB region (batch-1000")]
 if not lines:
@@ -75,4 +85,12 @@ print(f"C library hit (ummunotify_cache_get + _put, .so):         {c_hit:6.1f} n
 print(f"Rust hit measured alongside it (paired batches):          {rust_paired:6.1f} ns")
 print(f"ratio C hit / Rust hit:                                   {c_hit / rust_paired:6.2f}  (target <= 1.5)")
 print(f"ratio C hit / UCX (median):                               {c_hit / ucx_median:6.2f}  (target <= 0.35)")
+# Misses: ours is the mean over the run (total time / misses); UCX's per-call samples give both.
+for name, out, what in (("cache_miss", sys.argv[2], "no-op registrar"), ("cache_miss_mlock", sys.argv[3], "mlock registrar")):
+    med, mean = ucx_miss(out, what)
+    ns = ours[name]["ns_per_op"]
+    print(f"ummunotify cache miss, {what:<15} (mean):             {ns:8.1f} ns")
+    print(f"UCX 1.22 rcache miss, {what:<15} (median / mean):     {med:8.1f} / {mean:.1f} ns")
+    target = "  (target <= 2.00)" if name == "cache_miss" else ""
+    print(f"ratio ummunotify / UCX (mean):                            {ns / mean:8.2f}{target}")
 PY

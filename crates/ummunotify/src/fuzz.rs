@@ -155,7 +155,9 @@ pub fn run(data: &[u8]) {
                     assert_eq!(newly, m.hits == 0, "queued once per pending event");
                     if m.hits == 0 {
                         m.hits = 1;
-                        m.hint = (s.max(m.start), e.min(m.end));
+                        // Hints are kept in granules: an unaligned range rounds out.
+                        let (gs, ge) = page_round(s, e);
+                        m.hint = (gs.max(m.start), ge.min(m.end));
                     } else {
                         m.hits = 2;
                         m.hint = (m.start, m.end);
@@ -167,7 +169,7 @@ pub fn run(data: &[u8]) {
                 if let Some(m) = model[id].as_mut() {
                     assert_eq!(pending[id].is_pending(), m.hits != 0);
                     if m.hits != 0 {
-                        let got = pending[id].take();
+                        let got = pending[id].take(m.start, m.end);
                         assert_eq!(got, (m.hint.0, m.hint.1, m.hits == 1), "event of {id}");
                         m.hits = 0;
                     }

@@ -18,33 +18,90 @@ pub(crate) const NIL: u32 = u32::MAX;
 /// One interval of the index: the caller sets `start`/`end`, the tree owns the rest.
 ///
 /// The range is half-open, `start < end`. `start` and `end` must not change while the node is
-/// in a tree.
+/// in a tree. 32 bytes: it lives in every region's slot, so it is packed (`max_end` in
+/// granules, the height sharing a word with 24 bits the caller may use, see [`Node::tag`]).
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Node {
     /// First address of the range.
     pub start: u64,
     /// One past the last address of the range.
     pub end: u64,
-    /// Largest `end` in this node's subtree.
-    max_end: u64,
     /// Left child id, or [`NIL`].
     left: u32,
     /// Right child id, or [`NIL`].
     right: u32,
-    /// Height of this node's subtree (a leaf has height 1).
-    height: u8,
+    /// Largest `end` in this node's subtree, rounded up to a [`GRANULE`], as granules above
+    /// the granule of `start`; [`MAX_END_UNKNOWN`] when that does not fit (read as "ends at
+    /// the top of the address space": the query then does not prune that subtree, which is
+    /// only slower, never wrong).
+    max_end: u32,
+    /// Low 8 bits: height of this node's subtree (a leaf has height 1). High 24 bits: the
+    /// caller's [`tag`](Node::tag), which the tree never changes.
+    meta: u32,
 }
 
+// Every region's slot holds one: keep it at 32 bytes.
+const _: () = assert!(std::mem::size_of::<Node>() == 32);
+
+/// Granule of [`Node`]'s `max_end`.
+const GRANULE: u64 = 4096;
+
+/// `max_end` that does not fit in 32 bits of granules.
+const MAX_END_UNKNOWN: u32 = u32::MAX;
+
+/// Largest [`Node::tag`].
+pub(crate) const TAG_MAX: u32 = (1 << 24) - 1;
+
 impl Node {
-    /// A node for `[start, end)`, not in any tree.
+    /// A node for `[start, end)`, not in any tree, with tag 0.
     pub(crate) const fn new(start: u64, end: u64) -> Self {
-        Self {
+        let mut n = Self {
             start,
             end,
-            max_end: end,
             left: NIL,
             right: NIL,
-            height: 1,
+            max_end: 0,
+            meta: 1,
+        };
+        n.max_end = n.encode_max_end(end);
+        n
+    }
+
+    /// 24 bits of the caller's own (0 in a new node), kept by every tree operation.
+    pub(crate) fn tag(&self) -> u32 {
+        self.meta >> 8
+    }
+
+    /// Sets the caller's [`tag`](Node::tag) (at most [`TAG_MAX`]).
+    pub(crate) fn set_tag(&mut self, tag: u32) {
+        debug_assert!(tag <= TAG_MAX);
+        self.meta = (self.meta & 0xff) | (tag << 8);
+    }
+
+    fn height(&self) -> u8 {
+        self.meta as u8
+    }
+
+    fn set_height(&mut self, h: u8) {
+        self.meta = (self.meta & !0xff) | u32::from(h);
+    }
+
+    /// `max_end` as an address (an over-estimate by less than a granule, or `u64::MAX`).
+    fn max_end(&self) -> u64 {
+        if self.max_end == MAX_END_UNKNOWN {
+            return u64::MAX;
+        }
+        (self.start / GRANULE + u64::from(self.max_end)).saturating_mul(GRANULE)
+    }
+
+    /// The stored form of a subtree maximum `m >= self.end`. Rounding to absolute granule
+    /// boundaries makes decoding and encoding again a no-op, so errors never accumulate.
+    const fn encode_max_end(&self, m: u64) -> u32 {
+        let g = m.div_ceil(GRANULE) - self.start / GRANULE;
+        if g >= MAX_END_UNKNOWN as u64 {
+            MAX_END_UNKNOWN
+        } else {
+            g as u32
         }
     }
 }
@@ -90,7 +147,7 @@ fn height<N: Nodes + ?Sized>(nodes: &N, id: u32) -> u8 {
     if id == NIL {
         0
     } else {
-        nodes.node(id).height
+        nodes.node(id).height()
     }
 }
 
@@ -100,7 +157,7 @@ fn max_end<N: Nodes + ?Sized>(nodes: &N, id: u32) -> u64 {
     if id == NIL {
         0
     } else {
-        nodes.node(id).max_end
+        nodes.node(id).max_end()
     }
 }
 
@@ -119,8 +176,8 @@ fn update<N: Nodes + ?Sized>(nodes: &mut N, id: u32) {
     let h = height(nodes, left).max(height(nodes, right)) + 1;
     let m = end.max(max_end(nodes, left)).max(max_end(nodes, right));
     let node = nodes.node_mut(id);
-    node.height = h;
-    node.max_end = m;
+    node.set_height(h);
+    node.max_end = node.encode_max_end(m);
 }
 
 /// Rotates `id`'s subtree right; returns the new subtree root.
@@ -250,7 +307,7 @@ fn overlap_at<N: Nodes + ?Sized, F: FnMut(u32)>(
         return;
     }
     let n = nodes.node(id);
-    if n.max_end <= start {
+    if n.max_end() <= start {
         // Everything below ends at or before `start`.
         return;
     }
@@ -296,7 +353,9 @@ impl IntervalIndex {
         );
         let node = nodes.node_mut(id);
         debug_assert!(node.start < node.end, "empty or inverted range");
+        let tag = node.tag();
         *node = Node::new(node.start, node.end);
+        node.set_tag(tag);
         let start = node.start;
         self.root = insert_at(nodes, self.root, id, start);
         self.len += 1;
@@ -377,9 +436,11 @@ impl IntervalIndex {
             let (hl, ml, cl) = walk(nodes, n.left, lo, Some(key));
             let (hr, mr, cr) = walk(nodes, n.right, Some(key), hi);
             assert!(hl.abs_diff(hr) <= 1, "node {id}: unbalanced ({hl} vs {hr})");
-            assert_eq!(n.height, hl.max(hr) + 1, "node {id}: height");
-            assert_eq!(n.max_end, n.end.max(ml).max(mr), "node {id}: max_end");
-            (n.height, n.max_end, cl + cr + 1)
+            assert_eq!(n.height(), hl.max(hr) + 1, "node {id}: height");
+            let m = n.end.max(ml).max(mr);
+            assert_eq!(n.max_end, n.encode_max_end(m), "node {id}: max_end");
+            assert!(n.max_end() >= m, "node {id}: max_end under-estimates");
+            (n.height(), n.max_end(), cl + cr + 1)
         }
         let (_, _, count) = walk(nodes, self.root, None, None);
         assert_eq!(count, self.len, "len");
@@ -499,6 +560,52 @@ mod tests {
         index.insert(&mut nodes, 0);
         index.check_invariants(&nodes);
         assert_eq!(query(&index, &nodes, 0, u64::MAX), vec![1, 0]);
+    }
+
+    #[test]
+    fn tags_survive_rotations() {
+        let mut nodes: Vec<Node> = (0..64u64)
+            .map(|i| {
+                let mut n = Node::new(i * 4096, i * 4096 + 100);
+                n.set_tag(TAG_MAX - i as u32);
+                n
+            })
+            .collect();
+        let mut index = IntervalIndex::new();
+        for id in 0..64 {
+            index.insert(&mut nodes, id);
+        }
+        for id in (0..64).step_by(3) {
+            index.remove(&mut nodes, id);
+        }
+        index.check_invariants(&nodes);
+        for (i, n) in nodes.iter().enumerate() {
+            assert_eq!(n.tag(), TAG_MAX - i as u32);
+        }
+    }
+
+    #[test]
+    fn huge_ranges_do_not_prune_wrongly() {
+        // Ends beyond 16 TiB of granules above their start: `max_end` saturates.
+        let mut nodes = vec![
+            Node::new(0, u64::MAX),
+            Node::new(1 << 20, (1 << 20) + 1),
+            Node::new(1 << 60, (1 << 60) + 10),
+            Node::new(4096, 1 << 62),
+        ];
+        let mut index = IntervalIndex::new();
+        for id in 0..4 {
+            index.insert(&mut nodes, id);
+        }
+        index.check_invariants(&nodes);
+        assert_eq!(
+            query(&index, &nodes, (1 << 61) + 5, (1 << 61) + 6),
+            vec![0, 3]
+        );
+        assert_eq!(
+            query(&index, &nodes, (1 << 60) + 9, (1 << 60) + 12),
+            vec![0, 3, 2]
+        );
     }
 
     /// xorshift64*, deterministic and dependency-free.

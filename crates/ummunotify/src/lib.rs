@@ -72,6 +72,8 @@ mod backend;
 #[cfg(not(loom))]
 pub mod cache;
 #[cfg(not(loom))]
+mod cookies;
+#[cfg(not(loom))]
 mod coverage;
 #[cfg(not(loom))]
 mod error;
@@ -86,6 +88,8 @@ mod inflight;
 #[cfg(not(loom))]
 mod notifier;
 mod primitive;
+#[cfg(not(loom))]
+mod queue;
 #[cfg(not(loom))]
 mod region;
 #[cfg(not(loom))]

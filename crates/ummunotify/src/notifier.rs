@@ -20,58 +20,157 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::backend::{self, Backend, Delivery, Watcher};
+use crate::cookies::CookieTable;
 use crate::coverage::Coverage;
-use crate::event::{Event, Pending};
+use crate::event::{self, Event, Hint, MANY, PENDING};
 use crate::generation::{self, Generation, DEAD, FORKED};
-use crate::index::{IntervalIndex, Node, Nodes, NIL};
+use crate::index::{IntervalIndex, Node, Nodes, TAG_MAX};
 use crate::inflight::{InFlight, Scanner};
+use crate::queue::QueueBits;
 use crate::region::{Span, INVALID};
-use crate::segvec::SegVec;
+use crate::segvec::{SegVec, Zeroable};
 use crate::sink::{Invalidation, Probe, Sink, Window, WindowEnd};
 use crate::sys::{self, CounterPage, SignalsBlocked};
 use crate::{fork, Cookie, Error, Region, Result};
 
-/// One region's storage. `word` is read without locks; `node` and `data` only under the index
-/// lock (through [`Locked`]).
+/// One region's storage: 56 bytes (with the cookie table's 4/load bytes and the queue's bit,
+/// under 64 per region; `docs/ARCHITECTURE.md`, "Region storage").
+///
+/// `word` is read without locks and written under the index lock; `cookie` is written under
+/// both locks and read under the registry lock; `node` and `hint` are reached only under the
+/// index lock (through [`Locked`]).
+///
+/// The word: bits 4.. the serial (a token is `serial << SERIAL_SHIFT`), bit 0 [`INVALID`], and
+/// while it is set the region's event state, so a valid word never has them: bit 1 [`PENDING`]
+/// and bit 2 [`MANY`] (one invalidation, more than one, since the event was last read), bit 3
+/// [`LOST`]. The event path only ever `fetch_or`s bits in.
 #[derive(Default)]
 pub(crate) struct Slot {
     word: AtomicU64,
+    cookie: AtomicU64,
+    /// The region's range and its place in the index. Its tag (24 bits): in the low 22 (the
+    /// [`KIND`] mask) 0 for a free slot, [`EXACT`] for a region watched as its own pages,
+    /// [`WIDE`]` + k` for one watched as the `k`-th range of [`WideRanges`]; bit 22
+    /// [`ANY_RANGE`] and bit 23 [`HOLES`], reached only by user threads under the index lock
+    /// (the event path reads only the node's range).
     node: UnsafeCell<Node>,
-    data: UnsafeCell<SlotData>,
+    hint: UnsafeCell<Hint>,
 }
 
-// SAFETY: `node` and `data` are only accessed through `Locked`, which holds the index mutex;
-// `word` is atomic.
+const _: () = assert!(std::mem::size_of::<Slot>() == 56);
+
+/// The kernel's watch over some of the region's pages went away with an unmap; it must be
+/// re-established before the region can be valid again.
+const LOST: u64 = 1 << 3;
+/// The serial's place in the validity word.
+const SERIAL_SHIFT: u32 = 4;
+/// Node tag of a live region watched as its own pages.
+const EXACT: u32 = 1;
+/// Node tag kinds from this one up: a live region watched as the range `kind - WIDE` of
+/// [`WideRanges`].
+const WIDE: u32 = 2;
+/// The part of a node's tag that says how the region is watched (`0`, [`EXACT`], [`WIDE`]` + k`).
+const KIND: u32 = (1 << 22) - 1;
+/// Node tag bit: registered with [`Notifier::register_any`], valid over holes (re-arming over a
+/// hole makes it valid, as registering it then would).
+const ANY_RANGE: u32 = 1 << 22;
+/// Node tag bit: some pages of its range were not mapped when it was last watched (at
+/// registration or re-arm): counted in `Registry::holes`, so [`Notifier::mapped`] watches memory
+/// announced there. Cleared when it is unregistered or re-armed with all its pages mapped.
+const HOLES: u32 = 1 << 23;
+const _: () = assert!(HOLES | ANY_RANGE | KIND == TAG_MAX);
+
+/// The validity word `serial` starts, valid.
+fn valid_word(serial: u64) -> u64 {
+    serial << SERIAL_SHIFT
+}
+
+/// The serial of validity word `w`.
+fn serial_of(w: u64) -> u64 {
+    w >> SERIAL_SHIFT
+}
+
+// SAFETY: `node` and `hint` are only accessed through `Locked`, which holds the index mutex;
+// `word` and `cookie` are atomic.
 unsafe impl Sync for Slot {}
 
+// SAFETY: every field is an atomic or an `UnsafeCell` of plain integers (`Node`, `Hint`), for
+// which all-zero bytes are valid and equal to their `Default` (zeros too).
+unsafe impl Zeroable for Slot {}
+
+/// Watch ranges of the regions registered over the VMA budget (whole VMAs, so few distinct
+/// ones), interned and refcounted: a region names its range in its node's tag (the 22 bits of
+/// [`KIND`]) instead of carrying 16 bytes.
 #[derive(Default)]
-struct SlotData {
-    cookie: u64,
-    span: Option<Span>,
-    pending: Pending,
-    /// Event-queue links (`NIL` = none).
-    prev: u32,
-    next: u32,
-    queued: bool,
-    /// The kernel's watch over some of this region's pages went away with an unmap; it must be
-    /// re-established before the region can be valid again.
-    coverage_lost: bool,
-    /// Registered with [`Notifier::register_any`]: valid over holes (re-arming over a hole makes
-    /// it valid, as registering it then would).
-    any_range: bool,
-    /// Some pages of its range were not mapped when it was last watched (at registration or
-    /// re-arm): counted in `Registry::holes`, so [`Notifier::mapped`] watches memory announced
-    /// there. Cleared when it is unregistered or re-armed with all its pages mapped.
-    holes: bool,
-    serial: u64,
+struct WideRanges {
+    /// `(watch_start, watch_end, regions using it)`; unused entries have count 0.
+    ranges: Vec<(u64, u64, u32)>,
+    by_range: HashMap<(u64, u64), u32>,
+    free: Vec<u32>,
+}
+
+impl WideRanges {
+    /// The node tag of a region watched as `[start, end)` (counts the region).
+    fn intern(&mut self, start: u64, end: u64) -> Result<u32> {
+        if let Some(&k) = self.by_range.get(&(start, end)) {
+            self.ranges[k as usize].2 += 1;
+            return Ok(WIDE + k);
+        }
+        let k = match self.free.pop() {
+            Some(k) => k,
+            None if self.ranges.len() <= (KIND - WIDE) as usize => {
+                self.ranges.push((0, 0, 0));
+                (self.ranges.len() - 1) as u32
+            }
+            None => {
+                return Err(Error::CoverageLimit(io::Error::from_raw_os_error(
+                    libc::ENOMEM,
+                )))
+            }
+        };
+        self.ranges[k as usize] = (start, end, 1);
+        self.by_range.insert((start, end), k);
+        Ok(WIDE + k)
+    }
+
+    /// Drops one region's use of the range of node tag kind `kind` (`>= WIDE`).
+    fn release(&mut self, kind: u32) {
+        let k = kind - WIDE;
+        let r = &mut self.ranges[k as usize];
+        r.2 -= 1;
+        if r.2 == 0 {
+            self.by_range.remove(&(r.0, r.1));
+            self.free.push(k);
+        }
+    }
+
+    /// The region `node` (live) as a span: its range, and the pages watched for it.
+    fn span(&self, node: &Node) -> Span {
+        let (start, end) = (node.start, node.end);
+        let kind = node.tag() & KIND;
+        let (watch_start, watch_end) = if kind >= WIDE {
+            let r = self.ranges[(kind - WIDE) as usize];
+            (r.0, r.1)
+        } else {
+            let page = sys::page_size() as u64;
+            (start & !(page - 1), end.next_multiple_of(page))
+        };
+        Span {
+            start,
+            end,
+            watch_start,
+            watch_end,
+        }
+    }
 }
 
 /// State under the index lock (no allocation happens while it is held).
 struct IndexState {
     tree: IntervalIndex,
-    head: u32,
-    tail: u32,
+    /// Regions in the event queue (`Shared::queue`).
     queued: usize,
+    /// Where the next read of the queue starts looking (see `crate::queue`).
+    cursor: u32,
     /// The last `Remap`'s old range: the `Unmap` of the same range that follows it belongs to the
     /// same mremap call and is not a second invalidation.
     last_remap: (u64, u64),
@@ -80,6 +179,12 @@ struct IndexState {
     strays: [(u64, u64); STRAYS],
     stray_len: usize,
     stray_overflow: u64,
+    /// Ranges unmapped (or moved away) since the last registration looked: the kernel's watch
+    /// over them is gone. Taken by `register` into `Registry::lost`.
+    unmapped: [(u64, u64); UNMAPPED],
+    unmapped_len: usize,
+    /// More were unmapped than `unmapped` holds: any watch may be gone.
+    unmapped_overflow: bool,
     /// Whether the readiness eventfd has been signalled and not drained.
     ready: bool,
     /// `REMOVE`s dequeued whose zap is not known to have happened (issue 9, `crate::inflight`).
@@ -87,18 +192,99 @@ struct IndexState {
 }
 
 const STRAYS: usize = 32;
+const UNMAPPED: usize = 64;
+
+impl IndexState {
+    /// Event path: the kernel's watch over `[start, end)` is gone (an unmap, or the old range of
+    /// a move), for the next registration to take into `Registry::lost` (see `register`).
+    fn record_unmapped(&mut self, start: u64, end: u64) {
+        if self.unmapped_len < UNMAPPED {
+            self.unmapped[self.unmapped_len] = (start, end);
+            self.unmapped_len += 1;
+        } else {
+            self.unmapped_overflow = true;
+        }
+    }
+}
 
 /// State only user threads touch (the event path never takes this lock).
 struct Registry {
-    cookies: HashMap<u64, u32>,
+    cookies: CookieTable,
+    /// Watch ranges of widened regions (`Slot::node`'s tag).
+    wide: WideRanges,
     coverage: Coverage,
     free: Vec<u32>,
     next_slot: u32,
     budget: WatchBudget,
     /// Names the senders of in-flight `REMOVE`s (`crate::inflight`).
     scanner: Scanner,
-    /// Regions whose `SlotData::holes` is set.
+    /// Page ranges counted in `coverage` whose kernel watch an unmap may have taken since it was
+    /// established: a registration over them watches again (see `register`).
+    lost: LostRanges,
+    /// `UFFDIO_REGISTER`s (or filter insertions) made by registrations and re-arms.
+    watch_calls: u64,
+    /// Regions whose node tag has [`HOLES`].
     holes: usize,
+}
+
+/// Disjoint ranges, merged (the registry's `lost`).
+#[derive(Default)]
+struct LostRanges {
+    /// start -> end.
+    runs: std::collections::BTreeMap<u64, u64>,
+}
+
+impl LostRanges {
+    /// Adds `[start, end)`.
+    fn insert(&mut self, mut start: u64, mut end: u64) {
+        if start >= end {
+            return;
+        }
+        if let Some((&s, &e)) = self.runs.range(..=start).next_back() {
+            if e >= start {
+                start = s;
+                end = end.max(e);
+                self.runs.remove(&s);
+            }
+        }
+        while let Some((&s, &e)) = self.runs.range(start..=end).next() {
+            end = end.max(e);
+            self.runs.remove(&s);
+        }
+        self.runs.insert(start, end);
+    }
+
+    /// Removes `[start, end)` (watched again).
+    fn remove(&mut self, start: u64, end: u64) {
+        let first = self
+            .runs
+            .range(..start)
+            .next_back()
+            .map_or(start, |(&s, _)| s);
+        let hit: Vec<(u64, u64)> = self
+            .runs
+            .range(first..end)
+            .map(|(&s, &e)| (s, e))
+            .filter(|&(_, e)| e > start)
+            .collect();
+        for (s, e) in hit {
+            self.runs.remove(&s);
+            if s < start {
+                self.runs.insert(s, start);
+            }
+            if e > end {
+                self.runs.insert(end, e);
+            }
+        }
+    }
+
+    /// Whether any of `[start, end)` is in the set.
+    fn overlaps(&self, start: u64, end: u64) -> bool {
+        self.runs
+            .range(..end)
+            .next_back()
+            .is_some_and(|(_, &e)| e > start)
+    }
 }
 
 /// The watch policy's VMA budget (docs/ARCHITECTURE.md, "Watch policy").
@@ -146,11 +332,16 @@ impl WatchBudget {
     const MARGIN: usize = 1024;
 
     /// Whether one more exact watch fits. The VMAs are counted again (reading
-    /// `/proc/self/maps`) whenever the watched ranges changed by `limit / 64` since the last
-    /// count, so the estimate follows what the rest of the process maps too, and widened
-    /// registrations (which add no range) do not each pay for a count.
+    /// `/proc/self/maps`) whenever the watched ranges changed by `limit / 64`, or a quarter of
+    /// the room left under the limit if that is more, since the last count: so the estimate
+    /// follows what the rest of the process maps too, widened registrations (which add no range)
+    /// do not each pay for a count, and far below the limit a count (O(VMAs) in the kernel: 40%
+    /// of a cache miss's time at 10,000 VMAs when it came every `limit / 64` ranges) is rare.
     fn allows_exact(&mut self, segments: usize) -> bool {
-        if segments.abs_diff(self.counted_at) >= (self.limit / 64).max(1) {
+        let room = self
+            .limit
+            .saturating_sub(self.estimate(segments) + Self::MARGIN);
+        if segments.abs_diff(self.counted_at) >= (self.limit / 64).max(room / 4).max(1) {
             if let Ok(n) = sys::vma::count() {
                 self.counted = n;
                 self.counted_at = segments;
@@ -220,6 +411,11 @@ pub struct Stats {
     pub removes_by_grace: u64,
     /// `REMOVE`s in flight now.
     pub removes_in_flight: usize,
+    /// Successful watch calls (`UFFDIO_REGISTER`, or the hooks' filter insertions) made by
+    /// registrations and re-arms (on a backend whose `Watcher::watch_persists`, a registration
+    /// over pages already watched, with no unmap over them delivered since, makes none; no
+    /// backend qualifies now).
+    pub watch_calls: u64,
     /// Watch requests userfaultfd refused because another context owns the pages (`EBUSY`),
     /// taken by the hooks alone (hybrid backend only; raw syscalls on them are not seen).
     pub hooks_only_watches: u64,
@@ -233,6 +429,8 @@ pub(crate) struct Shared {
     counter: CounterPage,
     ready_fd: OwnedFd,
     slots: SegVec<Slot>,
+    /// The event queue: which slots have a pending event (under the index lock).
+    queue: QueueBits,
     index: Mutex<IndexState>,
     registry: Mutex<Registry>,
     /// What watches the pages (see `crate::backend`).
@@ -262,6 +460,7 @@ pub(crate) struct Shared {
 struct Locked<'a> {
     st: MutexGuard<'a, IndexState>,
     slots: &'a SegVec<Slot>,
+    queue: &'a QueueBits,
 }
 
 /// Tree view over slots' nodes.
@@ -286,90 +485,86 @@ impl Locked<'_> {
         self.slots.get(id).expect("slot id out of range")
     }
 
-    /// Slot data of `id`.
-    #[allow(clippy::mut_from_ref)]
-    fn data(&self, id: u32) -> &mut SlotData {
-        // SAFETY: the index lock is held (`self.st`), and callers never keep two references to the
-        // same slot's data alive at once (every use below is a short statement sequence on one
-        // slot at a time).
-        unsafe { &mut *self.slot(id).data.get() }
+    /// The node of slot `id`.
+    fn node(&self, id: u32) -> &Node {
+        // SAFETY: the index lock is held (`self.st`); mutable references to nodes exist only
+        // inside `SlotNodes::node_mut` (under `&mut` of a `SlotNodes`, never alive across a call
+        // to this) and `node_mut` below (same rule).
+        unsafe { &*self.slot(id).node.get() }
     }
 
+    /// The node of slot `id`, mutably (the slot must not be in the tree, or only its tag may
+    /// change).
+    #[allow(clippy::mut_from_ref)]
+    fn node_mut(&self, id: u32) -> &mut Node {
+        // SAFETY: as in `node`; callers use the reference for one statement sequence on one
+        // slot, with no other reference to that node alive.
+        unsafe { &mut *self.slot(id).node.get() }
+    }
+
+    /// The pending event's hint of slot `id`.
+    #[allow(clippy::mut_from_ref)]
+    fn hint(&self, id: u32) -> &mut Hint {
+        // SAFETY: the index lock is held, and callers never keep two references to the same
+        // slot's hint alive at once.
+        unsafe { &mut *self.slot(id).hint.get() }
+    }
+
+    /// Takes `id` out of the event queue if it is there.
     fn dequeue(&mut self, id: u32) {
-        let (prev, next) = {
-            let d = self.data(id);
-            if !d.queued {
-                return;
-            }
-            d.queued = false;
-            (d.prev, d.next)
-        };
-        if prev == NIL {
-            self.st.head = next;
-        } else {
-            self.data(prev).next = next;
+        // SAFETY: the index lock is held (`self.st`).
+        if unsafe { self.queue.remove(id) } {
+            self.st.queued -= 1;
         }
-        if next == NIL {
-            self.st.tail = prev;
-        } else {
-            self.data(next).prev = prev;
-        }
-        self.st.queued -= 1;
+    }
+
+    /// The next queued region from the read cursor on.
+    fn next_queued(&self) -> Option<u32> {
+        // SAFETY: the index lock is held (`self.st`).
+        unsafe { self.queue.next(self.st.cursor) }
     }
 
     /// Whether a queued region overlaps a `REMOVE` in flight with ticket <= `horizon`.
-    fn queued_in_flight(&self, horizon: u64) -> bool {
+    fn queued_in_flight(&self, wide: &WideRanges, horizon: u64) -> bool {
         if self.st.inflight.is_empty() {
             return false;
         }
-        let mut id = self.st.head;
-        while id != NIL {
-            let d = self.data(id);
-            if let Some(span) = d.span {
-                if self
-                    .st
-                    .inflight
-                    .overlaps_upto(span.watch_start, span.watch_end, horizon)
-                {
-                    return true;
-                }
+        let mut from = 0;
+        // SAFETY: the index lock is held (`self.st`).
+        while let Some(id) = unsafe { self.queue.first_from(from) } {
+            let span = wide.span(self.node(id));
+            if self
+                .st
+                .inflight
+                .overlaps_upto(span.watch_start, span.watch_end, horizon)
+            {
+                return true;
             }
-            id = d.next;
+            match id.checked_add(1) {
+                Some(next) => from = next,
+                None => break,
+            }
         }
         false
     }
 
     /// Keeps region `id` invalid under a fresh serial and queues an event for its whole range
-    /// (a registration or re-arm over a `REMOVE` in flight, see `crate::inflight`). Returns the
-    /// serial, whose token reads invalid.
-    fn hold_invalid(&mut self, id: u32) -> u64 {
-        let (serial, newly) = {
-            let d = self.data(id);
-            d.serial += 1;
-            let span = d.span.expect("held slot without span");
-            (
-                d.serial,
-                d.pending.hit(span.start, span.end, span.start, span.end) && !d.queued,
-            )
+    /// (a registration or re-arm over a `REMOVE` in flight, see `crate::inflight`).
+    fn hold_invalid(&mut self, id: u32) {
+        let slot = self.slot(id);
+        let w = slot.word.load(Relaxed);
+        let (rs, re) = {
+            let n = self.node(id);
+            (n.start, n.end)
         };
-        self.slot(id).word.store((serial << 1) | INVALID, Release);
-        if newly {
-            let tail = self.st.tail;
-            {
-                let d = self.data(id);
-                d.prev = tail;
-                d.next = NIL;
-                d.queued = true;
-            }
-            if tail == NIL {
-                self.st.head = id;
-            } else {
-                self.data(tail).next = id;
-            }
-            self.st.tail = id;
+        let (set, newly) = event::hit(w, self.hint(id), rs, rs, re);
+        let bits = (w & (LOST | PENDING | MANY)) | set | INVALID;
+        slot.word
+            .store(valid_word(serial_of(w) + 1) | bits, Release);
+        // SAFETY: the index lock is held (`self.st`).
+        if newly && unsafe { self.queue.insert(id) } {
             self.st.queued += 1;
         }
-        serial
     }
 
     /// Event path: marks every region overlapping `[start, end)` invalid and queues it once.
@@ -377,44 +572,37 @@ impl Locked<'_> {
     fn invalidate(&mut self, start: u64, end: u64, unmap: bool, remap_tail: bool) -> (bool, u64) {
         let mut newly = false;
         let mut hits = 0u64;
-        let slots = self.slots;
+        let (slots, queue) = (self.slots, self.queue);
         let st = &mut *self.st;
-        let mut head = st.head;
-        let mut tail = st.tail;
         let mut queued = st.queued;
+        let lost = if unmap { LOST } else { 0 };
+        if unmap {
+            st.record_unmapped(start, end);
+        }
         st.tree
             .for_each_overlap(&SlotNodes(slots), start, end, |id| {
                 let slot = slots.get(id).expect("tree node id without a slot");
-                // SAFETY: index lock held (we are inside a `Locked` method); `data` is a different
-                // cell from the `node` cells the tree walk borrows, and no other reference to this
-                // slot's data is alive.
-                let d = unsafe { &mut *slot.data.get() };
-                let Some(span) = d.span else { return };
                 hits += 1;
-                d.coverage_lost |= unmap;
-                slot.word.fetch_or(INVALID, Relaxed);
-                if remap_tail && d.pending.is_pending() {
-                    return; // the same mremap call as the Remap that already hit it
+                let w = slot.word.load(Relaxed);
+                if remap_tail && w & PENDING != 0 {
+                    // The same mremap call as the Remap that already hit it.
+                    slot.word.fetch_or(INVALID | lost, Relaxed);
+                    return;
                 }
-                if d.pending.hit(span.start, span.end, start, end) {
+                // SAFETY: index lock held (we are inside a `Locked` method). The tree walk holds
+                // only shared references to nodes, so a shared one here is fine; `hint` is a
+                // different cell, and no other reference to it is alive.
+                let rs = unsafe { (*slot.node.get()).start };
+                // SAFETY: as above.
+                let hint = unsafe { &mut *slot.hint.get() };
+                let (set, first) = event::hit(w, hint, rs, start, end);
+                slot.word.fetch_or(INVALID | lost | set, Relaxed);
+                // SAFETY: index lock held.
+                if first && unsafe { queue.insert(id) } {
                     newly = true;
-                    d.prev = tail;
-                    d.next = NIL;
-                    d.queued = true;
-                    if tail == NIL {
-                        head = id;
-                    } else {
-                        let t = slots.get(tail).expect("queue id without a slot");
-                        // SAFETY: index lock held; `tail != id` (id was not queued), so this is
-                        // a different slot's data from `d`.
-                        unsafe { (*t.data.get()).next = id };
-                    }
-                    tail = id;
                     queued += 1;
                 }
             });
-        st.head = head;
-        st.tail = tail;
         st.queued = queued;
         (newly, hits)
     }
@@ -425,7 +613,17 @@ impl Shared {
         Locked {
             st: self.index.lock().unwrap_or_else(|p| p.into_inner()),
             slots: &self.slots,
+            queue: &self.queue,
         }
+    }
+
+    /// The cookie of slot `id` (registry lock held: cookies change only under it).
+    fn cookie_of(&self, id: u32) -> u64 {
+        self.slots
+            .get(id)
+            .expect("cookie table id without a slot")
+            .cookie
+            .load(Relaxed)
     }
 
     fn lock_registry(&self) -> MutexGuard<'_, Registry> {
@@ -513,7 +711,7 @@ impl Shared {
     /// is born invalid with an event (see `register`).
     fn wait_inflight(&self, reg: &mut Registry, span: &Span) {
         let (s, e) = (span.watch_start, span.watch_end);
-        self.wait_inflight_until(reg, |l, h| !l.st.inflight.overlaps_upto(s, e, h), (s, e));
+        self.wait_inflight_until(reg, |l, _, h| !l.st.inflight.overlaps_upto(s, e, h), (s, e));
     }
 
     /// Waits (bounded) until `done(locked, horizon)` holds under the index lock, naming the
@@ -524,7 +722,7 @@ impl Shared {
     fn wait_inflight_until(
         &self,
         reg: &mut Registry,
-        done: impl Fn(&Locked<'_>, u64) -> bool,
+        done: impl Fn(&Locked<'_>, &Registry, u64) -> bool,
         range: (u64, u64),
     ) {
         let start = InFlight::horizon();
@@ -539,7 +737,7 @@ impl Shared {
                     return;
                 }
                 l.st.inflight.sweep();
-                if done(&l, start) {
+                if done(&l, reg, start) {
                     return;
                 }
                 (
@@ -734,20 +932,24 @@ impl Notifier {
             counter,
             ready_fd,
             slots: SegVec::new(),
+            queue: QueueBits::new(),
             index: Mutex::new(IndexState {
                 tree: IntervalIndex::new(),
-                head: NIL,
-                tail: NIL,
                 queued: 0,
+                cursor: 0,
                 last_remap: (0, 0),
                 strays: [(0, 0); STRAYS],
                 stray_len: 0,
                 stray_overflow: 0,
+                unmapped: [(0, 0); UNMAPPED],
+                unmapped_len: 0,
+                unmapped_overflow: false,
                 ready: false,
                 inflight: InFlight::default(),
             }),
             registry: Mutex::new(Registry {
-                cookies: HashMap::new(),
+                cookies: CookieTable::new(),
+                wide: WideRanges::default(),
                 coverage: Coverage::new(),
                 free: Vec::new(),
                 next_slot: 0,
@@ -761,6 +963,8 @@ impl Notifier {
                     }
                 },
                 scanner: Scanner::new(),
+                lost: LostRanges::default(),
+                watch_calls: 0,
                 holes: 0,
             }),
             probe: watcher.probe(),
@@ -928,12 +1132,15 @@ impl Notifier {
         sh.alive()?;
         let mut reg = sh.lock_registry();
         let more = regions.saturating_sub(reg.cookies.len());
-        reg.cookies.reserve(more);
+        reg.cookies.reserve(more, |id| sh.cookie_of(id));
         reg.free.reserve(more);
         while sh.slots.capacity() < regions.min(u32::MAX as usize) {
-            if !sh.slots.grow() && sh.slots.capacity() < regions {
+            if !sh.slots.grow_zeroed() && sh.slots.capacity() < regions {
                 break; // every segment installed
             }
+        }
+        if let Some(last) = regions.min(u32::MAX as usize).checked_sub(1) {
+            sh.queue.reserve(last as u32);
         }
         Ok(())
     }
@@ -944,10 +1151,13 @@ impl Notifier {
         sh.alive()?;
         let mut reg = sh.lock_registry();
         sh.settle(&mut reg)?;
-        if reg.cookies.contains_key(&cookie.0) {
+        if reg.cookies.get(cookie.0, |id| sh.cookie_of(id)).is_some() {
             return Err(Error::DuplicateCookie(cookie));
         }
-        // The watch policy: exact pages while the VMA budget allows, else the whole VMAs.
+        // The watch policy: exact pages while the VMA budget allows, else the whole VMAs. (Over
+        // the budget, pages already watched are widened too: watched exactly inside a widened
+        // range, they would split the coverage into a run per region, and unwatching the widened
+        // range around them at the end would split its VMA as many times.)
         let segments = reg.coverage.segments();
         if !reg.budget.allows_exact(segments) {
             match reg.budget.widen(span.watch_start, span.watch_end)? {
@@ -956,16 +1166,31 @@ impl Notifier {
                 None => return Err(Error::Unmapped),
             }
         }
-        // Room in the hash map and the slot table is made here, outside the index lock.
-        reg.cookies.reserve(1);
+        // Already watched: every page is counted in the coverage (so watched by a registration
+        // that succeeded) and no unmap of them was delivered since. Such a registration makes no
+        // watch call, on a backend that promises the watch is still there then (none does now:
+        // see `Watcher::watch_persists`).
+        let watched = sh.watcher.watch_persists()
+            && reg
+                .coverage
+                .uncovered(span.watch_start, span.watch_end)
+                .is_empty()
+            && !reg.lost.overlaps(span.watch_start, span.watch_end);
+        let tag = if widened(&span) {
+            reg.wide.intern(span.watch_start, span.watch_end)?
+        } else {
+            EXACT
+        };
+        // Room in the slot table and the queue is made here, outside the index lock.
         reg.free.reserve(1);
         let id = match reg.free.last() {
             Some(&id) => id,
             None => reg.next_slot,
         };
         while sh.slots.capacity() <= id as usize {
-            sh.slots.grow();
+            sh.slots.grow_zeroed();
         }
+        sh.queue.reserve(id);
         // Frames a dequeued REMOVE is about to drop must not be pinned through this region.
         sh.wait_inflight(&mut reg, &span);
         // The pages that went from 0 to 1 are not needed: the whole range is watched below (see
@@ -975,25 +1200,24 @@ impl Notifier {
             reg.holes += 1;
             sh.holes.store(reg.holes, SeqCst);
         }
-        let token = {
+        let mut unmapped = [(0u64, 0u64); UNMAPPED];
+        let (token, n_unmapped, overflow) = {
             let mut l = sh.lock_index_blocked();
-            let d = l.data(id);
-            d.cookie = cookie.0;
-            d.span = Some(span);
-            d.pending = Pending::default();
-            d.queued = false;
-            d.coverage_lost = false;
-            d.any_range = any;
-            // Counted before the holes are looked for (below): a racing `mapped` that finds the
-            // count 0 announced memory that the look will find mapped.
-            d.holes = any;
-            d.serial += 1;
-            let expected = d.serial << 1;
+            // What was unmapped up to now: from here on an unmap of these pages hits the region.
+            let n = l.st.unmapped_len;
+            unmapped[..n].copy_from_slice(&l.st.unmapped[..n]);
+            l.st.unmapped_len = 0;
+            let overflow = std::mem::take(&mut l.st.unmapped_overflow);
             let slot = l.slot(id);
-            // SAFETY: index lock held; the node cell is not borrowed elsewhere right now.
-            unsafe { *slot.node.get() = Node::new(span.start, span.end) };
+            slot.cookie.store(cookie.0, Relaxed);
+            let expected = valid_word(serial_of(slot.word.load(Relaxed)) + 1);
+            let node = l.node_mut(id);
+            *node = Node::new(span.start, span.end);
+            // Holes counted before they are looked for (below): a racing `mapped` that finds the
+            // count 0 announced memory that the look will find mapped.
+            node.set_tag(tag | if any { ANY_RANGE | HOLES } else { 0 });
             slot.word.store(expected, Release);
-            let Locked { st, slots } = &mut l.locked;
+            let Locked { st, slots, .. } = &mut l.locked;
             st.tree.insert(&mut SlotNodes(slots), id);
             // A REMOVE dequeued since the wait above: its zap may still come after a pin.
             l.st.inflight.sweep();
@@ -1001,24 +1225,40 @@ impl Notifier {
                 l.hold_invalid(id);
                 sh.signal_ready(&mut l);
             }
-            Region { slot: id, expected }
+            (Region { slot: id, expected }, n, overflow)
         };
-        // Watch the whole page range, even parts already covered: a watch lost with an unmap may
-        // have been replaced by a new mapping since (watching is idempotent).
+        // Kept only where a registration may skip its watch (allocating nothing otherwise).
+        let keep_lost = sh.watcher.watch_persists();
+        if keep_lost && overflow {
+            reg.lost.insert(0, u64::MAX);
+        }
+        for &(s, e) in &unmapped[..if keep_lost { n_unmapped } else { 0 }] {
+            reg.lost.insert(s & !(sys::page_size() as u64 - 1), e);
+        }
         if any {
             // The region is in the index and counted in `holes` already: memory a racing
             // `mapped` announces is found either by the look below or, after this call (it
             // waits for the registry lock), by `mapped` itself.
             let Registry { budget, .. } = &mut *reg;
             match sh.watch_mapped_parts(budget, span.watch_start, span.watch_end) {
-                Ok(true) => self.clear_holes(&mut reg, id),
+                Ok(true) => {
+                    self.clear_holes(&mut reg, id);
+                    reg.lost.remove(span.watch_start, span.watch_end);
+                }
+                // Holes: counted in the coverage but not watched, so a later registration over
+                // them must watch (memory may be mapped there by then, announced or not).
+                Ok(false) if keep_lost => reg.lost.insert(span.watch_start, span.watch_end),
                 Ok(false) => {}
                 Err(e) => {
                     self.remove_slot(&mut reg, id, &span);
                     return Err(e);
                 }
             }
-        } else {
+            reg.watch_calls += 1;
+        } else if !watched || reg.lost.overlaps(span.watch_start, span.watch_end) {
+            // Unless already watched, watch the whole page range, even parts already covered: a
+            // watch lost with an unmap may have been replaced by a new mapping since (watching is
+            // idempotent).
             if let Err(e) = sh.watch(&span) {
                 self.remove_slot(&mut reg, id, &span);
                 return Err(e);
@@ -1032,13 +1272,16 @@ impl Notifier {
                 self.remove_slot(&mut reg, id, &span);
                 return Err(Error::Unmapped);
             }
+            // Watched now; an unmap since the copy above is in `unmapped` for the next one.
+            reg.lost.remove(span.watch_start, span.watch_end);
+            reg.watch_calls += 1;
         }
         if reg.free.last() == Some(&id) {
             reg.free.pop();
         } else {
             reg.next_slot += 1;
         }
-        reg.cookies.insert(cookie.0, id);
+        reg.cookies.insert(id, |id| sh.cookie_of(id));
         if widened(&span) {
             reg.budget.wide_regions += 1;
         }
@@ -1047,7 +1290,13 @@ impl Notifier {
 
     /// Region `id` has no holes (any more): uncount it (registry lock held).
     fn clear_holes(&self, reg: &mut Registry, id: u32) {
-        let had = std::mem::take(&mut self.shared.lock_index_blocked().data(id).holes);
+        let had = {
+            let l = self.shared.lock_index_blocked();
+            let node = l.node_mut(id);
+            let t = node.tag();
+            node.set_tag(t & !HOLES);
+            t & HOLES != 0
+        };
         if had {
             reg.holes -= 1;
             self.shared.holes.store(reg.holes, SeqCst);
@@ -1056,7 +1305,13 @@ impl Notifier {
 
     /// Region `id` may have holes: count it, before they are looked for (registry lock held).
     fn mark_holes(&self, reg: &mut Registry, id: u32) {
-        let had = std::mem::replace(&mut self.shared.lock_index_blocked().data(id).holes, true);
+        let had = {
+            let l = self.shared.lock_index_blocked();
+            let node = l.node_mut(id);
+            let t = node.tag();
+            node.set_tag(t | HOLES);
+            t & HOLES != 0
+        };
         if !had {
             reg.holes += 1;
             self.shared.holes.store(reg.holes, SeqCst);
@@ -1067,21 +1322,26 @@ impl Notifier {
     fn remove_slot(&self, reg: &mut Registry, id: u32, span: &Span) {
         let sh = &*self.shared;
         self.clear_holes(reg, id);
-        {
+        let kind = {
             let mut l = sh.lock_index_blocked();
-            let Locked { st, slots } = &mut l.locked;
+            let Locked { st, slots, .. } = &mut l.locked;
             st.tree.remove(&mut SlotNodes(slots), id);
             l.dequeue(id);
-            let d = l.data(id);
-            d.span = None;
-            d.pending = Pending::default();
-            d.serial += 1;
-            let dead = (d.serial << 1) | INVALID;
-            l.slot(id).word.store(dead, Release);
+            let node = l.node_mut(id);
+            let kind = node.tag() & KIND;
+            node.set_tag(0);
+            let slot = l.slot(id);
+            let dead = valid_word(serial_of(slot.word.load(Relaxed)) + 1) | INVALID;
+            slot.word.store(dead, Release);
+            kind
+        };
+        if kind >= WIDE {
+            reg.wide.release(kind);
         }
         for (s, e) in reg.coverage.remove(span.watch_start, span.watch_end) {
             // Parts may be unmapped already; the kernel dropped those watches itself.
             sh.watcher.unwatch(s, e);
+            reg.lost.remove(s, e);
         }
     }
 
@@ -1094,14 +1354,14 @@ impl Notifier {
         sh.alive()?;
         let mut reg = sh.lock_registry();
         sh.settle(&mut reg)?;
-        let Some(&id) = reg.cookies.get(&cookie.0) else {
+        let Some(id) = reg.cookies.get(cookie.0, |id| sh.cookie_of(id)) else {
             return Err(Error::UnknownCookie(cookie));
         };
         let span = {
             let l = sh.lock_index_blocked();
-            l.data(id).span.expect("registered slot without span")
+            reg.wide.span(l.node(id))
         };
-        reg.cookies.remove(&cookie.0);
+        reg.cookies.remove(cookie.0, |id| sh.cookie_of(id));
         self.remove_slot(&mut reg, id, &span);
         reg.free.push(id);
         if widened(&span) {
@@ -1115,13 +1375,13 @@ impl Notifier {
         let sh = &*self.shared;
         sh.alive()?;
         let reg = sh.lock_registry();
-        let Some(&id) = reg.cookies.get(&cookie.0) else {
+        let Some(id) = reg.cookies.get(cookie.0, |id| sh.cookie_of(id)) else {
             return Err(Error::UnknownCookie(cookie));
         };
-        let l = sh.lock_index_blocked();
+        let slot = sh.slots.get(id).expect("registered id without a slot");
         Ok(Region {
             slot: id,
-            expected: l.data(id).serial << 1,
+            expected: valid_word(serial_of(slot.word.load(Acquire))),
         })
     }
 
@@ -1236,7 +1496,11 @@ impl Notifier {
         sh.settle(&mut reg)?; // pulls first on a pull backend
                               // Regions whose REMOVE is still in flight are re-armed only after its zap: wait for
                               // that (bounded) rather than hand out their event again and again.
-        sh.wait_inflight_until(&mut reg, |l, h| !l.queued_in_flight(h), (0, u64::MAX));
+        sh.wait_inflight_until(
+            &mut reg,
+            |l, reg, h| !l.queued_in_flight(&reg.wide, h),
+            (0, u64::MAX),
+        );
         let mut recover: Vec<(u32, u64, Span)> = Vec::with_capacity(buf.len().min(4096));
         let mut held: Vec<u32> = Vec::with_capacity(buf.len().min(4096));
         let mut n = 0;
@@ -1246,17 +1510,21 @@ impl Notifier {
             }
             let mut l = sh.lock_index_blocked();
             l.st.inflight.sweep();
-            while n < buf.len() && l.st.head != NIL {
+            while n < buf.len() && l.st.queued > 0 {
                 if recover.len() == recover.capacity() || held.len() == held.capacity() {
                     break; // re-cover these before taking more (no allocation under the lock)
                 }
-                let id = l.st.head;
+                let Some(id) = l.next_queued() else { break };
                 l.dequeue(id);
-                let d = l.data(id);
-                let span = d.span.expect("queued slot without span");
-                let (s, e, hint) = d.pending.take();
+                l.st.cursor = id.saturating_add(1);
+                let span = reg.wide.span(l.node(id));
+                let slot = l.slot(id);
+                let w = slot.word.load(Relaxed);
+                let (s, e, hint) = event::take(w, *l.hint(id), span.start, span.end);
+                // The event is taken: the region stays invalid until re-armed below.
+                slot.word.store(w & !(PENDING | MANY), Release);
                 buf[n] = Event {
-                    cookie: Cookie(d.cookie),
+                    cookie: Cookie(slot.cookie.load(Relaxed)),
                     start: s as usize,
                     end: e as usize,
                     hint,
@@ -1264,12 +1532,10 @@ impl Notifier {
                 n += 1;
                 if l.st.inflight.overlaps(span.watch_start, span.watch_end) {
                     held.push(id); // re-armed below, once its REMOVE is known to be done
-                } else if d.coverage_lost {
-                    recover.push((id, d.serial, span));
+                } else if w & LOST != 0 {
+                    recover.push((id, serial_of(w), span));
                 } else {
-                    d.serial += 1;
-                    let w = d.serial << 1;
-                    l.slot(id).word.store(w, Release);
+                    slot.word.store(valid_word(serial_of(w) + 1), Release);
                 }
             }
             // Regions over a REMOVE in flight stay invalid and get their event again: the user
@@ -1278,7 +1544,7 @@ impl Notifier {
                 l.hold_invalid(id);
                 sh.signal_ready(&mut l);
             }
-            if l.st.head != NIL {
+            if l.st.queued > 0 {
                 break None;
             }
             // BUSY is only set under this lock, together with readiness: if it is clear, no
@@ -1344,24 +1610,23 @@ impl Notifier {
             Ok(whole) => whole,
             Err(_) => return, // stays invalid, its watch lost: the next re-arm tries again
         };
+        // (Holes here were unmapped with the region's watch: the event path's unmapped ring has
+        // them, so `lost` will.)
         if whole {
             self.clear_holes(reg, id);
         }
+        reg.watch_calls += 1;
         let mut l = sh.lock_index_blocked();
         l.st.inflight.sweep();
-        let d = l.data(id);
-        if d.serial == serial && d.span.is_some() && !d.pending.is_pending() {
+        let w = l.slot(id).word.load(Relaxed);
+        if serial_of(w) == serial && l.node(id).tag() & KIND != 0 && w & PENDING == 0 {
             if l.st.inflight.overlaps(span.watch_start, span.watch_end) {
                 l.hold_invalid(id);
                 sh.signal_ready(&mut l);
                 return;
             }
-            let d = l.data(id);
-            if whole || d.any_range {
-                d.coverage_lost = false;
-                d.serial += 1;
-                let w = d.serial << 1;
-                l.slot(id).word.store(w, Release);
+            if whole || l.node(id).tag() & ANY_RANGE != 0 {
+                l.slot(id).word.store(valid_word(serial + 1), Release);
             }
         }
     }
@@ -1394,6 +1659,7 @@ impl Notifier {
                 reg.budget.estimate(segments),
             )
         };
+        let watch_calls = sh.lock_registry().watch_calls;
         let (pending, stray_overflows, inflight) = {
             let mut l = sh.lock_index_blocked();
             l.st.inflight.sweep();
@@ -1416,6 +1682,7 @@ impl Notifier {
             removes_confirmed: inflight.0,
             removes_by_grace: inflight.1,
             removes_in_flight: inflight.2,
+            watch_calls,
             hooks_only_watches: sh.watcher.hooks_only(),
             all_changed: sh.all_changed.load(Relaxed),
         }
@@ -1553,7 +1820,7 @@ impl Sink for Shared {
             return;
         }
         let mut l = self.lock_index();
-        if self.readied_by_message.load(Relaxed) && l.st.ready && l.st.head == NIL {
+        if self.readied_by_message.load(Relaxed) && l.st.ready && l.st.queued == 0 {
             sys::eventfd_drain(self.ready_fd.as_fd());
             l.st.ready = false;
         }
@@ -1568,18 +1835,19 @@ impl Sink for Shared {
         let mut l = self.lock_index();
         let mut any = false;
         {
-            let Locked { st, slots } = &mut l;
+            let Locked { st, slots, .. } = &mut l;
             let slots: &SegVec<Slot> = slots;
             st.tree
                 .for_each_overlap(&SlotNodes(slots), start, end, |id| {
                     let slot = slots.get(id).expect("tree node id without a slot");
-                    // SAFETY: index lock held; this closure is the only user of this slot's data
-                    // cell right now (the tree walk borrows only node cells).
-                    let d = unsafe { &*slot.data.get() };
-                    any |= d.span.is_some() && !(again && d.pending.is_pending());
+                    any |= !(again && slot.word.load(Relaxed) & PENDING != 0);
                 });
         }
         if !any {
+            if unmap {
+                // No region hit, but the watch over the pages may be gone all the same.
+                l.st.record_unmapped(start, end);
+            }
             return;
         }
         generation::begin_message(self.counter());

@@ -148,6 +148,15 @@ impl<T: Default> SegVec<T> {
             return false;
         }
         let fresh: Box<[T]> = (0..segment_len(k)).map(|_| T::default()).collect();
+        self.install(k, fresh)
+    }
+}
+
+impl<T> SegVec<T> {
+    /// Installs `fresh` (`segment_len(k)` elements) as segment `k`, or frees it if another
+    /// thread installed that segment first. Returns whether it was installed.
+    fn install(&self, k: usize, fresh: Box<[T]>) -> bool {
+        debug_assert_eq!(fresh.len(), segment_len(k));
         let fresh = Box::into_raw(fresh).cast::<T>();
         match self.segments[k].compare_exchange(
             ptr::null_mut(),
@@ -166,6 +175,46 @@ impl<T: Default> SegVec<T> {
                 false
             }
         }
+    }
+}
+
+/// Types for which all-zero bytes are a valid value, the same as `T::default()`.
+///
+/// # Safety
+///
+/// An implementor guarantees that a value whose every byte is zero is a valid, initialised `T`
+/// (no references, no non-null pointers, no enums without a zero discriminant) and equals
+/// `T::default()`.
+pub(crate) unsafe trait Zeroable: Default {}
+
+impl<T: Zeroable> SegVec<T> {
+    /// Like [`grow`](SegVec::grow), but the segment comes zeroed from the allocator
+    /// (`alloc_zeroed`, i.e. `calloc`): large segments are fresh anonymous pages the kernel
+    /// zeroes on first touch, so an element costs resident memory only once it is used.
+    ///
+    /// # Panics
+    ///
+    /// Only as the global allocator does on exhaustion.
+    pub(crate) fn grow_zeroed(&self) -> bool {
+        let k = self.installed();
+        if k >= SEGMENTS {
+            return false;
+        }
+        let len = segment_len(k);
+        let layout = std::alloc::Layout::array::<T>(len).expect("segment size overflows");
+        if layout.size() == 0 {
+            return self.grow();
+        }
+        // SAFETY: `layout` has a non-zero size (checked above).
+        let fresh = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<T>();
+        if fresh.is_null() {
+            std::alloc::handle_alloc_error(layout);
+        }
+        // SAFETY: `fresh` holds `len` zeroed `T`s, which are valid values (`T: Zeroable`),
+        // allocated with the layout of `[T; len]`: exactly what `Box::<[T]>::from_raw` of a
+        // `len`-element slice frees (in `drop`, or just below).
+        let boxed = unsafe { Box::from_raw(ptr::slice_from_raw_parts_mut(fresh, len)) };
+        self.install(k, boxed)
     }
 }
 

@@ -361,3 +361,178 @@ fn parked_user_events_are_bounded() {
     unmap(a, 2 * pg);
     unmap(b, pg);
 }
+
+/// A registrar whose first registration of a range containing `block_at` waits until the test
+/// releases it (a slow device call: `ibv_reg_mr` of a large buffer can take milliseconds).
+struct Gate {
+    block_at: usize,
+    state: Mutex<(bool, bool, bool)>, // (used, entered, released)
+    cv: std::sync::Condvar,
+    registered: AtomicUsize,
+    deregistered: AtomicUsize,
+}
+
+impl Gate {
+    fn new(block_at: usize) -> Self {
+        Gate {
+            block_at,
+            state: Mutex::new((false, false, false)),
+            cv: std::sync::Condvar::new(),
+            registered: AtomicUsize::new(0),
+            deregistered: AtomicUsize::new(0),
+        }
+    }
+    fn wait_entered(&self) {
+        let mut s = self.state.lock().unwrap();
+        while !s.1 {
+            s = self.cv.wait(s).unwrap();
+        }
+    }
+    fn release(&self) {
+        self.state.lock().unwrap().2 = true;
+        self.cv.notify_all();
+    }
+}
+
+impl Registrar for Gate {
+    type Key = usize;
+    fn register(&self, range: std::ops::Range<usize>) -> std::io::Result<usize> {
+        let mut s = self.state.lock().unwrap();
+        if range.contains(&self.block_at) && !s.0 {
+            s.0 = true;
+            s.1 = true;
+            self.cv.notify_all();
+            while !s.2 {
+                s = self.cv.wait(s).unwrap();
+            }
+        }
+        Ok(self.registered.fetch_add(1, SeqCst))
+    }
+    fn deregister(&self, _key: &usize, _range: std::ops::Range<usize>) -> std::io::Result<()> {
+        self.deregistered.fetch_add(1, SeqCst);
+        Ok(())
+    }
+}
+
+/// Releases the gate when dropped, so a failing test unblocks its registering thread.
+struct Opens<'a>(&'a Gate);
+
+impl Drop for Opens<'_> {
+    fn drop(&mut self) {
+        self.0.release();
+    }
+}
+
+/// Waits for `rx` (a guard against a hang, not a timing check: the bound is a minute).
+fn completes<T>(rx: &std::sync::mpsc::Receiver<T>, what: &str) -> T {
+    rx.recv_timeout(std::time::Duration::from_secs(60))
+        .unwrap_or_else(|_| panic!("{what} did not complete while another miss was registering"))
+}
+
+/// The device registration runs outside the miss lock: while one thread's miss is blocked in the
+/// registrar, another thread's miss (other memory) and hit complete.
+#[test]
+fn misses_on_other_threads_proceed_while_one_registers() {
+    let pg = page();
+    let (a, b) = (map(pg), map(pg));
+    let cache = Cache::new(Gate::new(a), Config::default().merge_adjacent(false)).unwrap();
+    drop(cache.get(b, pg).unwrap()); // b cached before: a hit below too
+    let c = map(pg);
+    let cache = &cache;
+    std::thread::scope(|s| {
+        let blocked = s.spawn(move || {
+            let h = cache.get(a, pg).unwrap();
+            assert!(h.is_valid());
+            *h.key()
+        });
+        cache.registrar().wait_entered();
+        let opens = Opens(cache.registrar());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let other = s.spawn(move || {
+            let miss = cache.get(c, pg).map(|h| *h.key());
+            let hit = cache.get(b, pg).map(|h| *h.key());
+            tx.send((miss.is_ok(), hit.is_ok())).unwrap();
+        });
+        let (miss_ok, hit_ok) = completes(&rx, "a miss on other memory");
+        assert!(miss_ok && hit_ok);
+        other.join().unwrap();
+        drop(opens);
+        blocked.join().unwrap();
+    });
+    let st = cache.stats();
+    assert_eq!((st.misses, st.regions), (3, 3), "{st:?}");
+    unmap(a, pg);
+    unmap(b, pg);
+    unmap(c, pg);
+}
+
+/// Two misses on the same range at once: both register (neither waits for the other), one
+/// region is published and the other registration is released; every handle is valid and
+/// covers the range.
+#[test]
+fn concurrent_misses_on_one_range_publish_one_region() {
+    let pg = page();
+    let a = map(2 * pg);
+    let cache = Cache::new(Gate::new(a), Config::default().merge_adjacent(false)).unwrap();
+    let cache = &cache;
+    std::thread::scope(|s| {
+        let first = s.spawn(move || {
+            let h = cache.get(a, 2 * pg).unwrap();
+            assert!(h.is_valid() && h.range() == (a..a + 2 * pg));
+        });
+        cache.registrar().wait_entered();
+        let opens = Opens(cache.registrar());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let second = s.spawn(move || {
+            let h = cache.get(a, 2 * pg).unwrap();
+            assert!(h.is_valid() && h.range() == (a..a + 2 * pg));
+            tx.send(()).unwrap();
+        });
+        completes(&rx, "a second miss on the same range");
+        drop(opens);
+        first.join().unwrap();
+        second.join().unwrap();
+    });
+    cache.flush();
+    let st = cache.stats();
+    assert_eq!(st.regions, 1, "{st:?}");
+    let g = cache.registrar();
+    assert_eq!(g.registered.load(SeqCst), 2);
+    assert_eq!(g.deregistered.load(SeqCst), 1, "{st:?}");
+    drop(cache.get(a + pg, pg).unwrap());
+    assert_eq!(
+        cache.stats().misses,
+        st.misses,
+        "a hit in the published region"
+    );
+    unmap(a, 2 * pg);
+}
+
+/// A miss over pages the cache's notifier already watches (here: a region of the user's own)
+/// registers with the notifier and watches (see `Watcher::watch_persists` for why the watch is
+/// not skipped), and the region is invalidated by an unmap of its pages.
+#[test]
+fn miss_over_watched_pages_is_watched() {
+    let pg = page();
+    let a = map(4 * pg);
+    // (The hooks backend watches in a filter of its own: no syscall to skip.)
+    let n = ummunotify::Notifier::with_backend(ummunotify::Backend::Userfaultfd).unwrap();
+    let cache = Cache::with_notifier(n, NoopRegistrar, Config::default().merge_adjacent(false));
+    cache
+        .notifier()
+        .register(a..a + 4 * pg, ummunotify::Cookie(7))
+        .unwrap();
+    let calls = cache.notifier().stats().watch_calls;
+    let h = cache.get(a + pg, pg).unwrap();
+    assert_eq!(cache.stats().misses, 1);
+    assert_eq!(
+        cache.notifier().stats().watch_calls,
+        calls + 1,
+        "the miss did not watch"
+    );
+    let _s = serial();
+    replace(a + pg, pg);
+    assert!(!h.is_valid(), "a handle over new memory reads valid");
+    drop(h);
+    unmap(a, 4 * pg);
+}

@@ -317,3 +317,32 @@ fn an_mremap_move_is_still_one_invalidation() {
         unmap(a + pg, 3 * pg);
     }
 }
+
+/// A hole's pages are counted in the coverage without being watched: a later `register` over
+/// them (mapped by then, unannounced) must watch them rather than take them for watched (issue
+/// 12's registration without a watch call over pages already watched).
+#[test]
+fn a_register_over_an_unannounced_fill_of_a_hole_watches_it() {
+    let _s = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    for backend in backends() {
+        let pg = page();
+        let n = notifier(backend);
+        let a = map(pg);
+        unmap(a, pg);
+        let _any = n.register_any(a..a + pg, Cookie(1)).unwrap();
+        remap_hole(a, pg); // not announced: not watched
+        let before = n.stats().watch_calls;
+        let r = n.register(a..a + pg, Cookie(2)).unwrap();
+        assert!(
+            n.stats().watch_calls > before,
+            "{backend}: the filled hole was taken for watched"
+        );
+        unmap(a, pg);
+        assert!(!n.is_valid(r), "{backend}: the unmap went unseen");
+        let ev = events(&n);
+        assert!(
+            ev.iter().any(|e| e.cookie == Cookie(2)),
+            "{backend}: no event for the registered region: {ev:?}"
+        );
+    }
+}

@@ -434,3 +434,38 @@ fn notification_count_is_the_2010_counter_exactly() {
     let r = n.read_events(&mut buf).unwrap();
     assert_eq!(r.drained_notifications, Some(4));
 }
+
+/// A registration over pages already watched still watches them (the kernel queues a munmap's
+/// `UNMAP` only after it dropped the VMA and `mmap_lock`, so "no unmap delivered since" does not
+/// mean "still the memory that was watched"; see `Watcher::watch_persists`), and a region over
+/// new memory at watched addresses is invalidated by that memory's unmap.
+#[test]
+fn registration_over_watched_pages_watches_them() {
+    let n = Notifier::with_backend(ummunotify::Backend::Userfaultfd).unwrap();
+    let p = map(4 * PAGE);
+    n.register(p..p + 4 * PAGE, Cookie(1)).unwrap();
+    let calls = n.stats().watch_calls;
+    assert_eq!(calls, 1);
+    let inner = n.register(p + PAGE..p + 2 * PAGE, Cookie(2)).unwrap();
+    let sub = n
+        .register(p + 2 * PAGE + 8..p + 2 * PAGE + 72, Cookie(3))
+        .unwrap();
+    assert_eq!(n.stats().watch_calls, calls + 2, "{:?}", n.stats());
+    assert!(n.is_valid(inner) && n.is_valid(sub));
+    madvise(p + 2 * PAGE, PAGE, libc::MADV_DONTNEED);
+    assert!(n.is_valid(inner) && !n.is_valid(sub));
+    // New memory at p + PAGE (the kernel unmaps the old page): the watch over it is gone.
+    replace(p + PAGE, PAGE);
+    assert!(!n.is_valid(inner));
+    n.events().unwrap();
+    n.unregister(Cookie(2)).unwrap();
+    let again = n.register(p + PAGE..p + 2 * PAGE, Cookie(4)).unwrap();
+    // The new page is watched: an unmap of it invalidates the region before it returns.
+    assert!(n.is_valid(again));
+    replace(p + PAGE, PAGE);
+    assert!(
+        !n.is_valid(again),
+        "the re-registered region missed an unmap of its page"
+    );
+    unmap(p, 4 * PAGE);
+}

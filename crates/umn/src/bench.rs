@@ -14,7 +14,7 @@ use std::time::Instant;
 use ummunotify_testkit::changes::json_string;
 
 use ummunotify::cache::{Cache, Config};
-use ummunotify::registrar::NoopRegistrar;
+use ummunotify::registrar::{MlockRegistrar, NoopRegistrar, Registrar};
 use ummunotify::{Backend, Cookie, Notifier};
 
 /// One result row.
@@ -22,9 +22,10 @@ use ummunotify::{Backend, Cookie, Notifier};
 pub struct Row {
     /// Stable name (see the module doc of the command).
     pub name: &'static str,
-    /// Cost of one operation, ns (for `cache_hit_2threads_speedup`: ns per op with 2 threads).
+    /// Cost of one operation, ns (for `cache_hit_2threads_speedup`: ns per op with 2 threads;
+    /// for `region_bytes`: bytes of RSS per registered region).
     pub ns_per_op: f64,
-    /// The baseline's cost, ns.
+    /// The baseline's cost, ns (for `region_bytes`: bytes per entry).
     pub baseline: f64,
     /// What the baseline is.
     pub baseline_name: &'static str,
@@ -120,6 +121,8 @@ pub fn run(quick: bool) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
     let per = 20_000 / scale;
     let pg = page();
     let mut rows = Vec::new();
+    // First, before other benchmarks leave freed memory in the allocator for it to reuse.
+    let region_bytes_row = region_bytes(if quick { 100_000 } else { 1_000_000 })?;
 
     // Hits on a warm region, against an atomic load and a HashMap lookup.
     let cache = Cache::new(NoopRegistrar, Config::default().merge_adjacent(false))?;
@@ -178,21 +181,24 @@ pub fn run(quick: bool) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
         ratio: one / two,
     });
 
-    // Misses with the no-op registrar (fresh pages each time; regions stay cached).
+    // Misses: get + drop of a never-seen page, one every other page of one mapping (regions
+    // stay cached), as the UCX harness's "MISS get+put" (bench/ucx_compare.sh): with the no-op
+    // registrar against the hit, and with the mlock registrar against mlock + munlock of a page.
     let nmiss = 20_000 / scale;
-    let arena = map(nmiss * pg, 0);
-    let miss_cache = Cache::new(
-        NoopRegistrar,
-        Config::default().merge_adjacent(false).max_regions(1 << 21),
-    )?;
-    let t = Instant::now();
-    for i in 0..nmiss {
-        drop(miss_cache.get(arena + i * pg, pg)?);
-    }
-    let miss = t.elapsed().as_nanos() as f64 / nmiss as f64;
+    let miss = misses(NoopRegistrar, nmiss)?;
     rows.push(row("cache_miss", miss, "cache_hit", hit));
-    drop(miss_cache);
-    unmap(arena, nmiss * pg);
+    let miss_mlock = misses(MlockRegistrar, nmiss)?;
+    let p = map(pg, 0);
+    touch(p, pg);
+    let lock = batched(batches, per / 10, || {
+        // SAFETY: benchmark-owned page.
+        unsafe {
+            libc::mlock(p as *const _, pg);
+            libc::munlock(p as *const _, pg);
+        }
+    });
+    unmap(p, pg);
+    rows.push(row("cache_miss_mlock", miss_mlock, "mlock_munlock", lock));
 
     // Invalidation cycle: munmap + mmap at the same address + get, vs the same on memory the
     // cache does not know (interleaved).
@@ -383,6 +389,7 @@ pub fn run(quick: bool) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
         "cache_hit_index_1k_regions",
         r1k,
     ));
+    rows.push(region_bytes_row);
     // The eBPF programs (root): loaded and detached twice, before the hooks patch libc.
     match crate::bench_ebpf::rows(2_000 / scale) {
         Ok(r) => rows.extend(r),
@@ -631,6 +638,68 @@ fn hit_with_regions(
     drop(cache);
     unmap(arena, n * pg);
     Ok((hit, rot))
+}
+
+/// Mean ns of a miss (get + drop) on `n` never-seen pages, one every other page of one mapping,
+/// through a fresh cache over `registrar` that keeps them all.
+fn misses<R: Registrar>(registrar: R, n: usize) -> Result<f64, Box<dyn std::error::Error>>
+where
+    R::Key: Send + Sync,
+{
+    let pg = page();
+    let arena = map(2 * n * pg, 0);
+    let cache = Cache::new(registrar, Config::default().max_regions(1 << 21))?;
+    let t = Instant::now();
+    for i in 0..n {
+        drop(cache.get(arena + 2 * i * pg, pg)?);
+    }
+    let ns = t.elapsed().as_nanos() as f64 / n as f64;
+    assert_eq!(cache.stats().misses, n as u64, "every get was a miss");
+    drop(cache);
+    unmap(arena, 2 * n * pg);
+    Ok(ns)
+}
+
+/// `VmRSS` of this process, bytes.
+fn rss() -> u64 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .unwrap_or(0)
+        * 1024
+}
+
+/// RSS per registered one-page region with `n` regions on adjacent untouched pages, against a
+/// `HashMap<u64, (u64, u64)>` of the same cookies and ranges (what a plain map of the bare
+/// facts costs), measured one after the other.
+fn region_bytes(n: usize) -> Result<Row, Box<dyn std::error::Error>> {
+    // glibc raises its mmap threshold when a large block is freed, and then serves large blocks
+    // from memory already resident, which RSS does not see: fix it at its default.
+    // SAFETY: mallopt only changes the allocator's tuning.
+    unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024) };
+    let pg = page();
+    let notifier = Notifier::new()?;
+    let arena = map(n * pg, 0);
+    notifier.register(arena..arena + pg, Cookie(u64::MAX))?;
+    notifier.unregister(Cookie(u64::MAX))?;
+    let before = rss();
+    for i in 0..n {
+        let a = arena + i * pg;
+        notifier.register(a..a + pg, Cookie(i as u64))?;
+    }
+    let ours = rss().saturating_sub(before) as f64 / n as f64;
+    drop(notifier);
+    unmap(arena, n * pg);
+    let before = rss();
+    let mut m: HashMap<u64, (u64, u64)> = HashMap::new();
+    for i in 0..n as u64 {
+        let a = arena as u64 + i * pg as u64;
+        m.insert(i, (a, a + pg as u64));
+    }
+    let theirs = rss().saturating_sub(before) as f64 / n as f64;
+    black_box(&m);
+    Ok(row("region_bytes", ours, "hashmap_cookie_to_range", theirs))
 }
 
 /// The rows as a table.

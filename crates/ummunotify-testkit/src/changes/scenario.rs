@@ -323,6 +323,20 @@ impl Scenario {
                 sc
             }
             ChangeKind::BrkShrink => {
+                // Room at the top of malloc's heap for everything the case allocates (the watcher's
+                // registration, the oracle's buffers): with the break moved under it, malloc
+                // would extend the heap above our top and the break could not be restored.
+                // Heap growth only (no memory is touched); the child process ends after the case.
+                // SAFETY: glibc tunables and a malloc/free pair of our own.
+                unsafe {
+                    libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
+                    libc::mallopt(libc::M_TOP_PAD, 16 << 20);
+                    // Below the mmap threshold, above what the heap's top has free: malloc
+                    // extends the heap (by the pad too), and the free leaves it all at the top.
+                    libc::mallopt(M_MMAP_THRESHOLD, 32 << 20);
+                    libc::free(libc::malloc(4 << 20));
+                    libc::mallopt(M_MMAP_THRESHOLD, 128 << 10);
+                }
                 let original = sbrk(0)?;
                 let start = original.next_multiple_of(page_size());
                 sbrk((start - original + four) as isize)?;

@@ -190,6 +190,21 @@ pub(crate) trait Watcher: Send + Sync {
     /// Whether a watch splits the VMA it lies in (so the watch policy's VMA budget applies).
     fn splits_vmas(&self) -> bool;
 
+    /// Whether the core may skip the watch call for a registration over pages this notifier
+    /// counts, with no unmap of them delivered since (issue 12: no syscall for the watch on a
+    /// cache miss over watched pages). That needs every unmap of a watched page to be delivered
+    /// before the memory can be mapped again, and userfaultfd does not give it: the kernel
+    /// removes the VMA and drops `mmap_lock` *before* it queues the `UNMAP` message
+    /// (`userfaultfd_unmap_complete`), so another thread can map the same addresses and register
+    /// them while the message is still unread; skipping the watch then leaves the new mapping
+    /// unwatched, and its own munmap returns with the region valid (guarantee 1; the C API's
+    /// `threads` test failed every run with the skip on). No backend says yes now: every
+    /// registration watches. The core keeps the bookkeeping (`Registry::lost` and the unmapped
+    /// ring) for a backend that can.
+    fn watch_persists(&self) -> bool {
+        false
+    }
+
     /// Watch requests the kernel refused because another userfaultfd owns the pages and that
     /// the hooks took alone (hybrid only).
     fn hooks_only(&self) -> u64 {

@@ -68,7 +68,7 @@ use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::registrar::Registrar;
-use crate::{Cookie, Event, Generation, Notifier};
+use crate::{Cookie, Event, Generation, Notifier, Region};
 use entry::Entry;
 use local::{Mru, ThreadSlot};
 use lookup::Lookup;
@@ -197,6 +197,10 @@ struct State<K> {
     /// Out of the index, waiting for their holders.
     retired: Vec<Arc<Entry<K>>>,
     live_bytes: usize,
+    /// Misses registering outside the miss lock now: regions and bytes they will add (counted by
+    /// `evict_for`, so concurrent misses do not overfill the registrar together).
+    pending_regions: usize,
+    pending_bytes: usize,
     next_cookie: u64,
     /// Notifier generation up to which events were read.
     seen: Generation,
@@ -207,6 +211,14 @@ struct State<K> {
     user_events: HashMap<u64, Event>,
     /// Size of `user_events` after its last pruning.
     user_events_pruned: usize,
+}
+
+/// What a miss registers (outside the miss lock), planned under it.
+struct MissPlan<K> {
+    union: Range<usize>,
+    /// Cached regions the union covers: merged away when it is published.
+    absorb: Vec<Arc<Entry<K>>>,
+    cookie: Cookie,
 }
 
 /// A registration cache over a [`Registrar`], kept correct by a [`Notifier`].
@@ -362,6 +374,8 @@ impl<R: Registrar> Cache<R> {
                 clock: VecDeque::new(),
                 retired: Vec::new(),
                 live_bytes: 0,
+                pending_regions: 0,
+                pending_bytes: 0,
                 next_cookie: 1,
                 seen,
                 user_events: HashMap::new(),
@@ -784,8 +798,8 @@ impl<R: Registrar> Cache<R> {
         extra_bytes: usize,
     ) -> Vec<Arc<Entry<R::Key>>> {
         let leaving_bytes: usize = leaving.iter().map(|e| e.len()).sum();
-        let mut regions = st.by_cookie.len().saturating_sub(leaving.len());
-        let mut bytes = st.live_bytes.saturating_sub(leaving_bytes);
+        let mut regions = (st.by_cookie.len() + st.pending_regions).saturating_sub(leaving.len());
+        let mut bytes = (st.live_bytes + st.pending_bytes).saturating_sub(leaving_bytes);
         let threads = self.threads.lock().unwrap_or_else(|p| p.into_inner());
         // Regions that left the cache while a handle holds them stay registered with the device
         // until dropped: a registrar with a bounded table (io_uring) has room only for the rest.
@@ -818,140 +832,223 @@ impl<R: Registrar> Cache<R> {
         victims
     }
 
-    /// The miss path, under the miss lock: register the range (merged with neighbours), evict to
-    /// stay under the limits, publish.
+    /// The miss path: plan under the miss lock (merge with neighbours, evict to stay under the
+    /// limits), register with the notifier and the device with no cache lock held, so misses on
+    /// other threads proceed meanwhile, then publish under the miss lock again, unless the memory
+    /// changed or another miss published an overlapping region in between.
     fn miss<'c>(
         &'c self,
         slot: Option<&'c ThreadSlot>,
         addr: usize,
         end: usize,
     ) -> Result<Handle<'c, R>, Error> {
-        let mut st = self.lock_state();
-        let mut free = self.housekeep(&mut st, false);
-        let result = self.miss_locked(&mut st, slot, addr, end, &mut free);
-        free.extend(self.reclaim(&mut st));
-        drop(st);
-        self.deregister(free);
-        result
+        let want = page_round(addr, end).ok_or(crate::Error::WrappingRange)?;
+        let mut merge = true;
+        for _ in 0..MISS_ATTEMPTS {
+            let plan = {
+                let mut st = self.lock_state();
+                let mut free = self.housekeep(&mut st, false);
+                let plan = self.plan_miss(&mut st, slot, addr, end, &want, merge, &mut free);
+                free.extend(self.reclaim(&mut st));
+                drop(st);
+                self.deregister(free);
+                match plan {
+                    Ok(plan) => plan,
+                    Err(hit) => return Ok(hit),
+                }
+            };
+            let union = plan.union.clone();
+            // No cache lock from here to `publish`.
+            let token = match self.notifier.register(union.clone(), plan.cookie) {
+                Ok(t) => t,
+                Err(e) => {
+                    self.unplan(&plan);
+                    match e {
+                        // A neighbour is partly gone (retired by the next plan): try the range
+                        // alone.
+                        crate::Error::Unmapped if union != want => {
+                            merge = false;
+                            continue;
+                        }
+                        e => return Err(e.into()),
+                    }
+                }
+            };
+            let key = match self.registrar.register(union.clone()) {
+                Ok(k) => k,
+                Err(e) => {
+                    let _ = self.notifier.unregister(plan.cookie);
+                    self.unplan(&plan);
+                    return Err(Error::Register(e));
+                }
+            };
+            if let Some(h) = self.publish(slot, plan, token, key, addr, end) {
+                return h;
+            }
+        }
+        Err(Error::Unstable)
     }
 
-    fn miss_locked<'c>(
+    /// A miss's first step, under the miss lock: a hit if another thread registered the range
+    /// meanwhile (`Err`), else what to register (`Ok`), with the invalidated regions in the way
+    /// retired, room made, and the registration counted as pending.
+    #[allow(clippy::too_many_arguments, clippy::result_large_err)]
+    fn plan_miss<'c>(
         &'c self,
         st: &mut State<R::Key>,
         slot: Option<&'c ThreadSlot>,
         addr: usize,
         end: usize,
+        want: &Range<usize>,
+        merge: bool,
         free: &mut Vec<Arc<Entry<R::Key>>>,
-    ) -> Result<Handle<'c, R>, Error> {
-        let want = page_round(addr, end).ok_or(crate::Error::WrappingRange)?;
-        let mut merge = true;
-        for _ in 0..MISS_ATTEMPTS {
-            // Another thread may have registered it meanwhile; stale regions are retired here.
-            let (mut absorb, mut dead) = (Vec::new(), Vec::new());
-            let mut union = want.clone();
-            {
-                let index = self.lookup.read(slot.map_or(0, |s| s.stripe));
-                if let Some(e) = covering(&index, addr, end) {
-                    if self.notifier.is_valid(e.token) {
-                        let handle = self.hold(slot, e);
-                        drop(index);
-                        match slot {
-                            Some(s) => s.count_hit(),
-                            None => {
-                                self.slow_hits.fetch_add(1, Relaxed);
-                            }
-                        }
-                        return Ok(handle);
-                    }
-                }
-                // Regions overlapping or touching `want`, walking down from its end.
-                for (_, e) in index.range(..=want.end).rev() {
-                    if e.end < want.start {
-                        break;
-                    }
-                    if !self.notifier.is_valid(e.token) {
-                        dead.push(e.clone());
-                    } else if (e.end > want.start && e.start < want.end)
-                        || (merge && self.config.merge_adjacent)
-                    {
-                        // Overlapping (always merged), or touching (merged if configured).
-                        absorb.push(e.clone());
-                    }
+    ) -> Result<MissPlan<R::Key>, Handle<'c, R>> {
+        let (mut absorb, mut dead) = (Vec::new(), Vec::new());
+        let mut union = want.clone();
+        {
+            let index = self.lookup.read(slot.map_or(0, |s| s.stripe));
+            if let Some(e) = covering(&index, addr, end) {
+                if self.notifier.is_valid(e.token) {
+                    let handle = self.hold(slot, e);
+                    drop(index);
+                    self.count_slow_hit(slot);
+                    return Err(handle);
                 }
             }
-            for e in &absorb {
-                union = union.start.min(e.start)..union.end.max(e.end);
-            }
-            if !merge || union.len() > self.registrar.max_len() {
-                // Too big merged: register just the range; overlapping regions still go.
-                union = want.clone();
-                absorb.retain(|e| e.end > want.start && e.start < want.end);
-            }
-            let mut leaving = dead.clone();
-            leaving.extend(absorb.iter().cloned());
-            // Retired regions no handle holds any more give their room back first, so that
-            // `evict_for` counts only the ones still pinned by a holder.
-            free.extend(self.reclaim(st));
-            self.deregister(std::mem::take(free));
-            let victims = self.evict_for(st, &leaving, union.len());
-
-            let cookie = Cookie(CACHE_COOKIE_BIT | st.next_cookie);
-            st.next_cookie += 1;
-            let token = match self.notifier.register(union.clone(), cookie) {
-                Ok(t) => t,
-                Err(crate::Error::Unmapped) if union != want => {
-                    // A neighbour is partly gone: retire what we found and try the range alone.
-                    let n = self.remove(st, &dead);
-                    self.invalidations.fetch_add(n as u64, Relaxed);
-                    self.unwatch(&dead);
-                    merge = false;
-                    continue;
+            // Regions overlapping or touching `want`, walking down from its end.
+            for (_, e) in index.range(..=want.end).rev() {
+                if e.end < want.start {
+                    break;
                 }
-                Err(e) => return Err(e.into()),
-            };
-            // Remove what leaves *before* registering with the device: a registrar with a
-            // bounded table (io_uring) needs the room; the regions stay registered (retired)
-            // until reclaimed, so holders are unaffected.
-            let n_dead = self.remove(st, &dead);
-            self.invalidations.fetch_add(n_dead as u64, Relaxed);
-            self.unwatch(&dead);
-            let n_evicted = self.remove(st, &victims);
-            self.evictions.fetch_add(n_evicted as u64, Relaxed);
-            free.extend(self.reclaim(st));
-            // Release room in the registrar now (still under the miss lock, which the event path
-            // never needs): slot-limited registrars can then register.
-            self.deregister(std::mem::take(free));
-            let key = match self.registrar.register(union.clone()) {
-                Ok(k) => k,
-                Err(e) => {
-                    let _ = self.notifier.unregister(cookie);
-                    return Err(Error::Register(e));
+                if !self.notifier.is_valid(e.token) {
+                    dead.push(e.clone());
+                } else if (e.end > want.start && e.start < want.end)
+                    || (merge && self.config.merge_adjacent)
+                {
+                    // Overlapping (always merged), or touching (merged if configured).
+                    absorb.push(e.clone());
                 }
-            };
-            if !self.notifier.is_valid(token) {
-                // The memory changed while the device registered it: the device may hold pages
-                // that are not mapped at `addr` any more.
-                let _ = self.registrar.deregister(&key, union.clone());
-                let _ = self.notifier.unregister(cookie);
-                continue;
             }
-            let n_merged = self.remove(st, &absorb);
-            self.merges.fetch_add(n_merged as u64, Relaxed);
-            let entry = Arc::new(Entry::new(union.clone(), key, cookie, token));
-            {
-                let mut index = self.lookup.write();
-                index.insert(union.start, entry.clone());
-            }
-            st.by_cookie.insert(cookie.0, entry.clone());
-            st.clock.push_back(entry.clone());
-            st.live_bytes += union.len();
-            self.bytes.fetch_add(union.len(), Relaxed);
-            self.regions.store(st.by_cookie.len(), Relaxed);
-            self.misses.fetch_add(1, Relaxed);
-            // Held under the miss lock, which every retirer takes: no fence needed.
-            return Ok(self.hold(slot, &entry));
         }
-        Err(Error::Unstable)
+        for e in &absorb {
+            union = union.start.min(e.start)..union.end.max(e.end);
+        }
+        if !merge || union.len() > self.registrar.max_len() {
+            // Too big merged: register just the range; overlapping regions still go.
+            union = want.clone();
+            absorb.retain(|e| e.end > want.start && e.start < want.end);
+        }
+        let n_dead = self.remove(st, &dead);
+        self.invalidations.fetch_add(n_dead as u64, Relaxed);
+        self.unwatch(&dead);
+        // Retired regions no handle holds any more give their room back first, so that
+        // `evict_for` counts only the ones still pinned by a holder.
+        free.extend(self.reclaim(st));
+        let victims = self.evict_for(st, &absorb, union.len());
+        // Remove what leaves *before* registering with the device: a registrar with a bounded
+        // table (io_uring) needs the room; the regions stay registered (retired) until reclaimed,
+        // so holders are unaffected.
+        let n_evicted = self.remove(st, &victims);
+        self.evictions.fetch_add(n_evicted as u64, Relaxed);
+        let cookie = Cookie(CACHE_COOKIE_BIT | st.next_cookie);
+        st.next_cookie += 1;
+        st.pending_regions += 1;
+        st.pending_bytes += union.len();
+        Ok(MissPlan {
+            union,
+            absorb,
+            cookie,
+        })
+    }
+
+    /// A planned registration that will not be published: no longer pending.
+    fn unplan(&self, plan: &MissPlan<R::Key>) {
+        let mut st = self.lock_state();
+        st.pending_regions -= 1;
+        st.pending_bytes -= plan.union.len();
+    }
+
+    /// A miss's last step, under the miss lock: publishes the registration and returns a handle
+    /// to it, or a handle to a region another miss published meanwhile that covers the range.
+    /// `None` (after undoing the registration) when the memory changed during the registration
+    /// or an overlapping region got in the way: the caller tries again.
+    fn publish<'c>(
+        &'c self,
+        slot: Option<&'c ThreadSlot>,
+        plan: MissPlan<R::Key>,
+        token: Region,
+        key: R::Key,
+        addr: usize,
+        end: usize,
+    ) -> Option<Result<Handle<'c, R>, Error>> {
+        let MissPlan {
+            union,
+            mut absorb,
+            cookie,
+        } = plan;
+        let mut st = self.lock_state();
+        st.pending_regions -= 1;
+        st.pending_bytes -= union.len();
+        // The memory must not have changed while the device registered it (the device may hold
+        // pages that are not mapped at `addr` any more), and what overlaps the union now must be
+        // inside it (the planned neighbours, or regions another miss published meanwhile).
+        let mut usable = self.notifier.is_valid(token);
+        if usable {
+            let index = self.lookup.write();
+            for (_, e) in index.range(..union.end).rev() {
+                if e.end <= union.start {
+                    break;
+                }
+                if e.start < union.start || e.end > union.end {
+                    usable = false;
+                    break;
+                }
+                if !absorb.iter().any(|a| Arc::ptr_eq(a, e)) {
+                    absorb.push(e.clone());
+                }
+            }
+        }
+        if !usable {
+            // Another miss may have published what covers the range: take it.
+            let found = {
+                let index = self.lookup.read(slot.map_or(0, |s| s.stripe));
+                covering(&index, addr, end)
+                    .filter(|e| self.notifier.is_valid(e.token))
+                    .map(|e| self.hold(slot, e))
+            };
+            drop(st);
+            let _ = self.registrar.deregister(&key, union.clone());
+            let _ = self.notifier.unregister(cookie);
+            return found.map(|h| {
+                self.count_slow_hit(slot);
+                Ok(h)
+            });
+        }
+        let n_merged = self.remove(&mut st, &absorb);
+        self.merges.fetch_add(n_merged as u64, Relaxed);
+        let entry = Arc::new(Entry::new(union.clone(), key, cookie, token));
+        {
+            let mut index = self.lookup.write();
+            index.insert(union.start, entry.clone());
+        }
+        st.by_cookie.insert(cookie.0, entry.clone());
+        st.clock.push_back(entry.clone());
+        st.live_bytes += union.len();
+        self.bytes.fetch_add(union.len(), Relaxed);
+        self.regions.store(st.by_cookie.len(), Relaxed);
+        self.misses.fetch_add(1, Relaxed);
+        // Held under the miss lock, which every retirer takes: no fence needed.
+        Some(Ok(self.hold(slot, &entry)))
+    }
+
+    /// Counts a hit found off the hit path.
+    fn count_slow_hit(&self, slot: Option<&ThreadSlot>) {
+        match slot {
+            Some(s) => s.count_hit(),
+            None => {
+                self.slow_hits.fetch_add(1, Relaxed);
+            }
+        }
     }
 
     /// Counters (hits are summed over threads; exact once the threads are quiet).

@@ -59,7 +59,9 @@
 //!   [`Cache::get`](crate::cache::Cache::get), [`Cache::flush`](crate::cache::Cache::flush) or
 //!   dropping the cache), never on the notifier's monitor thread. They may allocate, log, make
 //!   syscalls and take their own locks.
-//! * They must not call back into the same cache (it may hold its miss lock while registering).
+//! * They run with no cache lock held, so misses on several threads call `register` (and
+//!   `deregister`) concurrently. They must not call back into the same cache (a miss inside a
+//!   miss's registration would recurse).
 //! * `deregister` is called exactly once per key returned by `register`, with the same range,
 //!   after every [`Handle`](crate::cache::Handle) to it was dropped. The key value itself is
 //!   dropped later (when the cache frees its bookkeeping).

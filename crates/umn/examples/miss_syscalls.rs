@@ -1,0 +1,31 @@
+//! Misses for `strace -c -f`: N cache misses (no-op registrar), one every other page.
+use ummunotify::cache::{Cache, Config};
+use ummunotify::registrar::NoopRegistrar;
+
+fn main() {
+    let n: usize = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(2000);
+    let pg = 4096;
+    // SAFETY: a fresh anonymous mapping.
+    let arena = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            2 * n * pg,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    } as usize;
+    let cache = Cache::new(NoopRegistrar, Config::default().max_regions(1 << 21)).unwrap();
+    let t = std::time::Instant::now();
+    for i in 0..n {
+        drop(cache.get(arena + 2 * i * pg, pg).unwrap());
+    }
+    eprintln!(
+        "{:.0} ns per miss",
+        t.elapsed().as_nanos() as f64 / n as f64
+    );
+}
