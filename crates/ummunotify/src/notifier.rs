@@ -1339,6 +1339,15 @@ impl Notifier {
             reg.wide.release(kind);
         }
         for (s, e) in reg.coverage.remove(span.watch_start, span.watch_end) {
+            // Unwatching part of a watched range splits its VMA as watching it did: over the VMA
+            // budget the pages stay watched, as a widened registration's would (unregistered
+            // pages there may pay a round trip; guarantee 3's cost of the budget). Without this,
+            // unregistering every other page of a large registered range ran the process out
+            // of VMAs (vm.max_map_count), and then out of memory: malloc could map no arena.
+            let segments = reg.coverage.segments();
+            if sh.watcher.splits_vmas() && !reg.budget.allows_exact(segments) {
+                continue;
+            }
             // Parts may be unmapped already; the kernel dropped those watches itself.
             sh.watcher.unwatch(s, e);
             reg.lost.remove(s, e);
