@@ -330,11 +330,11 @@ impl Scenario {
                 // SAFETY: glibc tunables and a malloc/free pair of our own.
                 unsafe {
                     libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
-                    libc::mallopt(libc::M_TOP_PAD, 16 << 20);
                     // Below the mmap threshold, above what the heap's top has free: malloc
-                    // extends the heap (by the pad too), and the free leaves it all at the top.
+                    // extends the heap, and the free leaves it all at the top. `black_box`: the
+                    // compiler removes an unused malloc/free pair, and the room with it.
                     libc::mallopt(M_MMAP_THRESHOLD, 32 << 20);
-                    libc::free(libc::malloc(4 << 20));
+                    libc::free(std::hint::black_box(libc::malloc(16 << 20)));
                     libc::mallopt(M_MMAP_THRESHOLD, 128 << 10);
                 }
                 let original = sbrk(0)?;
