@@ -111,6 +111,25 @@ pub fn fixed_area(slot: usize) -> usize {
     0x2000_0000 + slot * 0x10_0000
 }
 
+/// A fresh touched read-write mapping of `len` bytes (at most 1 MiB) in a low area of its own, for
+/// tests that unmap it and map the hole again: a hole the kernel's top-down `mmap` placed joins
+/// the free gap below it, so any other thread's next mapping (a new thread's signal stack, a
+/// malloc arena) would land in it. Every call gets a new 1 MiB slot above the [`fixed_area`]s.
+pub fn map_low(len: usize) -> usize {
+    use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    assert!(len <= 0x10_0000, "map_low: {len} bytes is more than a slot");
+    let addr = 0x4000_0000 + NEXT.fetch_add(1, Relaxed) * 0x10_0000;
+    assert!(
+        map_at(addr, len),
+        "map_low at {addr:#x}: {}",
+        std::io::Error::last_os_error()
+    );
+    // SAFETY: the mapping was just made, read-write, `len` bytes.
+    unsafe { std::ptr::write_bytes(addr as *mut u8, 0xA5, len) };
+    addr
+}
+
 /// Runs `child` in a forked child and returns its exit status (0 = all assertions held).
 /// The child reports failures through its exit code, never by panicking across fork.
 pub fn in_child(child: impl FnOnce() -> i32) -> i32 {
