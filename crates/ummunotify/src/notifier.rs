@@ -382,7 +382,9 @@ fn widened(span: &Span) -> bool {
 pub struct Stats {
     /// Regions registered now.
     pub regions: usize,
-    /// Kernel messages dequeued by the monitor.
+    /// Kernel messages delivered to this notifier. On userfaultfd every notifier of the process
+    /// shares one context, so this counts the messages of the others' pages too (as do the
+    /// `removes_*` counters); the rest of the counters are this notifier's own.
     pub messages: u64,
     /// Region invalidations applied (one message can hit many regions).
     pub invalidations: u64,
@@ -1419,8 +1421,10 @@ impl Notifier {
         }
     }
 
-    /// The global fast path, one atomic load: true iff no invalidation message has been
-    /// dequeued since `snapshot` was taken (and the notifier is alive). When false, read events.
+    /// The global fast path, one atomic load: true iff no invalidation of this notifier's
+    /// regions has been applied since `snapshot` was taken (and the notifier is alive). When
+    /// false, read events. While the backend is applying a message (one for another notifier's
+    /// pages, most often) the check waits microseconds for its end rather than fail.
     #[inline]
     pub fn unchanged_since(&self, snapshot: Generation) -> bool {
         generation::unchanged(self.shared.counter(), snapshot, || self.shared.pull())

@@ -184,7 +184,15 @@ fn read_events_in_small_batches_reports_drained_only_at_the_end() {
         let r = n.read_events(&mut buf).unwrap();
         seen.extend(buf[..r.count].iter().map(|e| e.cookie.0));
         if let Some(g) = r.drained {
-            assert!(n.unchanged_since(g));
+            // The generation once no message is mid-way (`generation` waits): other tests'
+            // munmaps reach this notifier through the process's shared context and make the
+            // counter odd for a moment, but a message that hits none of our regions leaves it
+            // where it was.
+            assert_eq!(
+                n.generation().unwrap(),
+                g,
+                "drained at the current generation"
+            );
             break;
         }
         assert_eq!(r.count, 4);
@@ -198,6 +206,18 @@ fn read_events_in_small_batches_reports_drained_only_at_the_end() {
     for i in 0..10 {
         n.unregister(Cookie(i)).unwrap();
     }
+}
+
+/// The counters that are this notifier's state. The rest are the process's: every notifier of
+/// the process shares one userfaultfd context and its monitor, so the messages (and REMOVEs in
+/// flight) of the other tests of this binary, running in parallel, move them.
+fn own_state(mut s: ummunotify::Stats) -> ummunotify::Stats {
+    s.messages = 0;
+    s.removes_confirmed = 0;
+    s.removes_by_grace = 0;
+    s.removes_in_flight = 0;
+    s.vma_estimate = 0;
+    s
 }
 
 /// Guarantee 5: bad input gets a typed error and changes nothing.
@@ -253,7 +273,11 @@ fn bad_input_is_refused_and_leaves_the_state_as_it_was() {
         Err(Error::UnknownCookie(Cookie(42)))
     ));
     assert!(matches!(n.region(Cookie(42)), Err(Error::UnknownCookie(_))));
-    assert_eq!(n.stats(), before, "a refused call changed the state");
+    assert_eq!(
+        own_state(n.stats()),
+        own_state(before),
+        "a refused call changed the state"
+    );
     assert!(n.is_valid(r), "a refused call disturbed an existing region");
     // The refused cookie is still free, and the failed ranges left no watch behind.
     n.register(p + PAGE..p + 2 * PAGE, Cookie(2)).unwrap();
