@@ -37,6 +37,14 @@ fn backends() -> Vec<Backend> {
     v
 }
 
+/// Runs `test` once per backend, with a fresh notifier and the page size, one test at a time.
+fn on_each_backend(test: impl Fn(Backend, &Notifier, usize)) {
+    let _s = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    for backend in backends() {
+        test(backend, &notifier(backend), page());
+    }
+}
+
 fn notifier(backend: Backend) -> Notifier {
     let n = Notifier::with_backend(backend).expect("notifier (CI runs as root, x86-64 glibc)");
     assert_eq!(n.backend(), backend);
@@ -61,12 +69,16 @@ fn events(n: &Notifier) -> Vec<Event> {
     n.events().unwrap()
 }
 
+/// Reads the events, asserts there is exactly one, and returns its range and hint flag.
+fn one_event(n: &Notifier) -> (usize, usize, bool) {
+    let ev = events(n);
+    assert_eq!(ev.len(), 1, "expected exactly one event, got {ev:?}");
+    (ev[0].start, ev[0].end, ev[0].hint)
+}
+
 #[test]
 fn register_refuses_a_hole_and_register_any_accepts_it() {
-    let _s = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    for backend in backends() {
-        let pg = page();
-        let n = notifier(backend);
+    on_each_backend(|_, n, pg| {
         let a = map_low(3 * pg);
         unmap(a + pg, pg); // [mapped][hole][mapped]
         assert!(matches!(
@@ -79,12 +91,7 @@ fn register_refuses_a_hole_and_register_any_accepts_it() {
         // The mapped parts are watched at once.
         unmap(a + 2 * pg, pg);
         assert!(!n.is_valid(r));
-        let ev = events(&n);
-        assert_eq!(ev.len(), 1);
-        assert_eq!(
-            (ev[0].start, ev[0].end, ev[0].hint),
-            (a + 2 * pg, a + 3 * pg, true)
-        );
+        assert_eq!(one_event(n), (a + 2 * pg, a + 3 * pg, true));
         // Re-armed over holes: valid (a register_any region), and the notification count is exact.
         let r = n.region(Cookie(1)).unwrap();
         assert!(n.is_valid(r));
@@ -97,24 +104,16 @@ fn register_refuses_a_hole_and_register_any_accepts_it() {
         assert_eq!(n.notifications(), 1);
         unmap(a + pg, pg);
         assert!(!n.is_valid(r));
-        let ev = events(&n);
-        assert_eq!(ev.len(), 1);
-        assert_eq!(
-            (ev[0].start, ev[0].end, ev[0].hint),
-            (a + pg, a + 2 * pg, true)
-        );
+        assert_eq!(one_event(n), (a + pg, a + 2 * pg, true));
         assert_eq!(n.notifications(), 2);
         n.unregister(Cookie(1)).unwrap();
         unmap(a, pg);
-    }
+    });
 }
 
 #[test]
 fn a_wholly_unmapped_range_registers_and_watches_what_is_announced() {
-    let _s = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    for backend in backends() {
-        let pg = page();
-        let n = notifier(backend);
+    on_each_backend(|_, n, pg| {
         let a = map_low(2 * pg);
         unmap(a, 2 * pg);
         let r = n.register_any(a..a + 2 * pg, Cookie(7)).unwrap();
@@ -130,13 +129,13 @@ fn a_wholly_unmapped_range_registers_and_watches_what_is_announced() {
         unmap(a, 2 * pg);
         assert!(!n.is_valid(r));
         assert_eq!(n.notifications(), 1);
-        let ev = events(&n);
+        let ev = events(n);
         assert_eq!(ev.len(), 1);
         assert_eq!(
             (ev[0].cookie, ev[0].start, ev[0].end),
             (Cookie(7), a, a + 2 * pg)
         );
-    }
+    });
 }
 
 /// The documented gap: the kernel gives userfaultfd no event for a new mapping, so memory a raw
@@ -144,10 +143,7 @@ fn a_wholly_unmapped_range_registers_and_watches_what_is_announced() {
 /// its unmap is not seen. (The 2010 device saw it; the preload sees only libc calls.)
 #[test]
 fn memory_mapped_into_a_hole_unannounced_is_not_watched() {
-    let _s = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    for backend in backends() {
-        let pg = page();
-        let n = notifier(backend);
+    on_each_backend(|_, n, pg| {
         let a = map_low(pg);
         unmap(a, pg);
         let r = n.register_any(a..a + pg, Cookie(1)).unwrap();
@@ -158,9 +154,9 @@ fn memory_mapped_into_a_hole_unannounced_is_not_watched() {
             "documented: an unannounced mapping is not watched"
         );
         assert_eq!(n.notifications(), 0);
-        assert!(events(&n).is_empty());
+        assert!(events(n).is_empty());
         assert_eq!(n.stats().messages, 0, "the kernel sent nothing");
-    }
+    });
 }
 
 /// Item 3: invalidated, re-armed while unmapped, mapped again: the next unmap is reported. A
@@ -168,14 +164,11 @@ fn memory_mapped_into_a_hole_unannounced_is_not_watched() {
 /// registered for is gone) until a re-arm finds all its pages mapped.
 #[test]
 fn a_region_rearmed_while_unmapped_is_not_deaf() {
-    let _s = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    for backend in backends() {
-        let pg = page();
-        let n = notifier(backend);
+    on_each_backend(|_, n, pg| {
         let a = map_low(2 * pg);
         n.register(a..a + 2 * pg, Cookie(1)).unwrap();
         unmap(a, 2 * pg);
-        assert_eq!(events(&n).len(), 1); // re-armed while unmapped
+        assert_eq!(events(n).len(), 1); // re-armed while unmapped
         let r = n.region(Cookie(1)).unwrap();
         assert!(
             !n.is_valid(r),
@@ -185,12 +178,8 @@ fn a_region_rearmed_while_unmapped_is_not_deaf() {
         n.mapped(a..a + 2 * pg).unwrap();
         assert!(!n.is_valid(n.region(Cookie(1)).unwrap()));
         unmap(a + pg, pg);
-        let ev = events(&n);
-        assert_eq!(ev.len(), 1, "the region went deaf");
-        assert_eq!(
-            (ev[0].start, ev[0].end, ev[0].hint),
-            (a + pg, a + 2 * pg, true)
-        );
+        // One event (a deaf region would give none).
+        assert_eq!(one_event(n), (a + pg, a + 2 * pg, true));
         assert_eq!(n.notifications(), 2);
         // All mapped again at the next re-arm: valid again.
         remap_hole(a + pg, pg);
@@ -198,27 +187,24 @@ fn a_region_rearmed_while_unmapped_is_not_deaf() {
         unmap(a, pg);
         remap_hole(a, pg);
         n.mapped(a..a + pg).unwrap();
-        assert_eq!(events(&n).len(), 1);
+        assert_eq!(events(n).len(), 1);
         let r = n.region(Cookie(1)).unwrap();
         assert!(n.is_valid(r), "re-armed with every page mapped");
         unmap(a, 2 * pg);
         assert!(!n.is_valid(r));
         assert_eq!(n.notifications(), 4);
-    }
+    });
 }
 
 /// Item 3 for a `register_any` region (the 2010 preload's kind): valid after the re-arm over the
 /// hole, and its next invalidation reported.
 #[test]
 fn a_register_any_region_rearmed_while_unmapped_reports_the_next_unmap() {
-    let _s = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    for backend in backends() {
-        let pg = page();
-        let n = notifier(backend);
+    on_each_backend(|_, n, pg| {
         let a = map_low(pg);
         n.register_any(a..a + pg, Cookie(1)).unwrap();
         unmap(a, pg);
-        assert_eq!(events(&n).len(), 1);
+        assert_eq!(events(n).len(), 1);
         let r = n.region(Cookie(1)).unwrap();
         assert!(
             n.is_valid(r),
@@ -228,9 +214,9 @@ fn a_register_any_region_rearmed_while_unmapped_reports_the_next_unmap() {
         n.mapped(a..a + pg).unwrap();
         unmap(a, pg);
         assert!(!n.is_valid(r));
-        assert_eq!(events(&n).len(), 1);
+        assert_eq!(events(n).len(), 1);
         assert_eq!(n.notifications(), 2);
-    }
+    });
 }
 
 fn mremap_dontunmap(from: usize, len: usize) -> usize {
@@ -262,42 +248,32 @@ fn madvise_dontneed(addr: usize, len: usize) {
 /// carry the REMOVE's hint alone (the munmap taken for the old mremap's tail kept it).
 #[test]
 fn a_munmap_after_dontunmap_and_remove_is_not_taken_for_the_remaps_tail() {
-    let _s = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    for backend in backends() {
-        let pg = page();
-        let n = notifier(backend);
+    on_each_backend(|_, n, pg| {
         let a = map_low(4 * pg);
         n.register(a..a + 4 * pg, Cookie(1)).unwrap();
         let moved = mremap_dontunmap(a, pg);
-        let ev = events(&n);
-        assert_eq!(ev.len(), 1);
-        assert_eq!((ev[0].start, ev[0].end, ev[0].hint), (a, a + pg, true));
+        assert_eq!(one_event(n), (a, a + pg, true));
         assert!(
             n.is_valid(n.region(Cookie(1)).unwrap()),
             "re-armed (old range still mapped)"
         );
         madvise_dontneed(a + 2 * pg, pg);
         unmap(a, pg);
-        let ev = events(&n);
-        assert_eq!(ev.len(), 1);
         assert_eq!(
-            (ev[0].start, ev[0].end, ev[0].hint),
+            one_event(n),
             (a, a + 4 * pg, false),
             "two invalidations: the whole region, no hint"
         );
         unmap(moved, pg);
         unmap(a + pg, 3 * pg);
-    }
+    });
 }
 
 /// Item 6, the pairing it keeps: an mremap move is one invalidation of the old range (REMAP then
 /// UNMAP of one call), with its hint.
 #[test]
 fn an_mremap_move_is_still_one_invalidation() {
-    let _s = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    for backend in backends() {
-        let pg = page();
-        let n = notifier(backend);
+    on_each_backend(|backend, n, pg| {
         let a = map_low(4 * pg);
         n.register(a..a + 4 * pg, Cookie(1)).unwrap();
         let dest = map_low(pg); // unwatched: replacing it sends nothing
@@ -312,16 +288,14 @@ fn an_mremap_move_is_still_one_invalidation() {
             )
         };
         assert_eq!(p as usize, dest, "{}", std::io::Error::last_os_error());
-        let ev = events(&n);
-        assert_eq!(ev.len(), 1);
-        assert_eq!((ev[0].start, ev[0].end, ev[0].hint), (a, a + pg, true));
+        assert_eq!(one_event(n), (a, a + pg, true));
         // userfaultfd: the REMAP and the UNMAP, as the 2010 device counted; hooks: one call.
         let want = if backend == Backend::Hooks { 1 } else { 2 };
         assert_eq!(n.notifications(), want);
         let p = dest;
         unmap(p, pg);
         unmap(a + pg, 3 * pg);
-    }
+    });
 }
 
 /// A hole's pages are counted in the coverage without being watched: a later `register` over
@@ -329,10 +303,7 @@ fn an_mremap_move_is_still_one_invalidation() {
 /// 12's registration without a watch call over pages already watched).
 #[test]
 fn a_register_over_an_unannounced_fill_of_a_hole_watches_it() {
-    let _s = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    for backend in backends() {
-        let pg = page();
-        let n = notifier(backend);
+    on_each_backend(|backend, n, pg| {
         let a = map_low(pg);
         unmap(a, pg);
         let _any = n.register_any(a..a + pg, Cookie(1)).unwrap();
@@ -345,10 +316,10 @@ fn a_register_over_an_unannounced_fill_of_a_hole_watches_it() {
         );
         unmap(a, pg);
         assert!(!n.is_valid(r), "{backend}: the unmap went unseen");
-        let ev = events(&n);
+        let ev = events(n);
         assert!(
             ev.iter().any(|e| e.cookie == Cookie(2)),
             "{backend}: no event for the registered region: {ev:?}"
         );
-    }
+    });
 }
