@@ -46,6 +46,16 @@ fn coverage_on(
     (cases, json, out.status)
 }
 
+/// Each of `kinds` (ones the backend's table must list as detected) was detected.
+fn assert_detected(cases: &[CaseReport], json: &str, kinds: &[ChangeKind]) {
+    for &k in kinds {
+        assert!(
+            cases.iter().any(|c| c.kind == k && c.detected),
+            "{k}: {json}"
+        );
+    }
+}
+
 /// Every kind ran to a verdict; `sees` says which the backend must detect (with no stale use);
 /// the others are missed, and the table says so: the memory changed and the check stayed valid.
 fn judge(cases: &[CaseReport], json: &str, sees: impl Fn(ChangeKind) -> bool) {
@@ -139,16 +149,15 @@ fn every_libc_kind_is_detected_by_the_hooks_backend() {
         race_row(&json).contains("\"verdict\":\"not-applicable\""),
         "{json}"
     );
-    for k in [
-        ChangeKind::Shmdt,
-        ChangeKind::MadvGuardInstall,
-        ChangeKind::FreeMallocBlock,
-    ] {
-        assert!(
-            cases.iter().any(|c| c.kind == k && c.detected),
-            "{k}: {json}"
-        );
-    }
+    assert_detected(
+        &cases,
+        &json,
+        &[
+            ChangeKind::Shmdt,
+            ChangeKind::MadvGuardInstall,
+            ChangeKind::FreeMallocBlock,
+        ],
+    );
     assert!(status.success(), "{status}: {json}");
 }
 
@@ -159,17 +168,16 @@ fn every_libc_kind_is_detected_by_the_hooks_backend() {
 fn every_kind_but_file_changes_is_detected_by_the_hybrid_backend() {
     let (cases, json, status) = coverage_on(&["--backend", "hybrid"], "hybrid");
     judge(&cases, &json, ChangeKind::hybrid_reports);
-    for k in [
-        ChangeKind::Shmdt,
-        ChangeKind::SyscallMunmap,
-        ChangeKind::UringMadvise,
-        ChangeKind::FreeMallocBlock,
-    ] {
-        assert!(
-            cases.iter().any(|c| c.kind == k && c.detected),
-            "{k}: {json}"
-        );
-    }
+    assert_detected(
+        &cases,
+        &json,
+        &[
+            ChangeKind::Shmdt,
+            ChangeKind::SyscallMunmap,
+            ChangeKind::UringMadvise,
+            ChangeKind::FreeMallocBlock,
+        ],
+    );
     assert!(status.success(), "{status}: {json}");
 }
 
@@ -185,17 +193,16 @@ fn every_syscall_kind_is_detected_by_the_ebpf_backend() {
     }
     let (cases, json, status) = coverage_on(&["--backend", "ebpf"], "ebpf");
     judge(&cases, &json, ChangeKind::ebpf_reports);
-    for k in [
-        ChangeKind::SyscallMunmap,
-        ChangeKind::ProcessMadvise,
-        ChangeKind::Shmdt,
-        ChangeKind::MadvGuardInstall,
-    ] {
-        assert!(
-            cases.iter().any(|c| c.kind == k && c.detected),
-            "{k}: {json}"
-        );
-    }
+    assert_detected(
+        &cases,
+        &json,
+        &[
+            ChangeKind::SyscallMunmap,
+            ChangeKind::ProcessMadvise,
+            ChangeKind::Shmdt,
+            ChangeKind::MadvGuardInstall,
+        ],
+    );
     assert!(status.success(), "{status}: {json}");
 }
 
@@ -235,18 +242,17 @@ fn every_traced_kind_is_detected_by_the_perf_backend() {
     }
     let (cases, json, status) = coverage_on(&["--backend", "perf"], "perf");
     judge(&cases, &json, ChangeKind::perf_reports);
-    for k in [
-        ChangeKind::SyscallMunmap,
-        ChangeKind::ProcessMadvise,
-        ChangeKind::Shmdt,
-        ChangeKind::MadvGuardInstall,
-        ChangeKind::MadvCollapse,
-        ChangeKind::BrkShrink,
-    ] {
-        assert!(
-            cases.iter().any(|c| c.kind == k && c.detected),
-            "{k}: {json}"
-        );
-    }
+    assert_detected(
+        &cases,
+        &json,
+        &[
+            ChangeKind::SyscallMunmap,
+            ChangeKind::ProcessMadvise,
+            ChangeKind::Shmdt,
+            ChangeKind::MadvGuardInstall,
+            ChangeKind::MadvCollapse,
+            ChangeKind::BrkShrink,
+        ],
+    );
     assert!(status.success(), "{status}: {json}");
 }
