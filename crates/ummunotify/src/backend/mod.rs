@@ -78,6 +78,7 @@ pub(crate) mod kernel;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod perf;
 pub(crate) mod table;
+pub(crate) mod thread;
 pub(crate) mod uffd;
 
 use std::sync::Arc;

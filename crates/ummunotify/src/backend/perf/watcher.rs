@@ -3,15 +3,14 @@
 //! drains the rings when they fill to the wake-up watermark, and every [`TICK`] so that exits
 //! close their windows without waiting for a check. Each tick it also runs the canary
 //! ([`Perf::canary`]): a tracepoint that stopped recording kills the notifier.
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering::SeqCst};
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 
 use super::{Perf, Target};
+use crate::backend::thread::{Control, EventThread};
 use crate::backend::{Delivery, Invalidation, Watcher};
 use crate::sink::{Probe, Sink, Window, WindowEnd};
-use crate::sys::{gettid, SignalsBlocked};
+use crate::sys::SignalsBlocked;
 
 /// How often the delivery thread pulls when no ring reached its watermark (ms).
 const TICK: i32 = 10;
@@ -94,20 +93,11 @@ impl Probe for PerfProbe {
     }
 }
 
-struct Control {
-    stop_fd: OwnedFd,
-    stopping: AtomicBool,
-    tid: AtomicI32,
-}
-
-struct Drainer {
-    handle: JoinHandle<()>,
-    control: Arc<Control>,
-}
+struct Drainer(EventThread);
 
 impl Delivery for Drainer {
     fn monitor_tid(&self) -> i32 {
-        self.control.tid.load(SeqCst)
+        self.0.tid()
     }
 
     fn stop(self: Box<Self>, forked: bool) {
@@ -116,40 +106,17 @@ impl Delivery for Drainer {
             std::mem::forget(self);
             return;
         }
-        self.control.stopping.store(true, SeqCst);
-        crate::sys::eventfd_signal(self.control.stop_fd.as_fd());
-        let _ = self.handle.join();
-        crate::inflight::forget_monitor(self.control.tid.load(SeqCst));
+        self.0.stop();
     }
 }
 
-/// Starts the delivery thread (signals blocked, like the userfaultfd monitor) and returns once
-/// it runs (every mapping it makes exists by then: see `uffd::monitor::spawn`).
+/// Starts the delivery thread (signals blocked, ready when this returns: see
+/// `crate::backend::thread`).
 fn spawn(perf: Arc<Perf>, sink: Arc<dyn Sink>) -> std::io::Result<Box<dyn Delivery>> {
-    let control = Arc::new(Control {
-        stop_fd: crate::sys::eventfd()?,
-        stopping: AtomicBool::new(false),
-        tid: AtomicI32::new(0),
-    });
-    let _blocked = SignalsBlocked::new();
-    let spawner = std::thread::current();
-    let handle = {
-        let control = control.clone();
-        std::thread::Builder::new()
-            .name("ummunotify-perf".into())
-            .spawn(move || {
-                let tid = gettid();
-                crate::inflight::note_monitor(tid);
-                control.tid.store(tid, SeqCst);
-                spawner.unpark();
-                run(&perf, &*sink, &control, tid);
-                drop(spawner);
-            })?
-    };
-    while control.tid.load(SeqCst) == 0 {
-        std::thread::park();
-    }
-    Ok(Box::new(Drainer { handle, control }))
+    let t = EventThread::spawn("ummunotify-perf", move |control, tid| {
+        run(&perf, &*sink, control, tid)
+    })?;
+    Ok(Box::new(Drainer(t)))
 }
 
 /// Polls the rings (at most 63 of them; the others are drained every tick) and the stop fd.
@@ -161,13 +128,13 @@ fn run(perf: &Perf, sink: &dyn Sink, control: &Control, tid: i32) {
         events: libc::POLLIN,
         revents: 0,
     }; MAX];
-    fds[0].fd = control.stop_fd.as_raw_fd();
+    fds[0].fd = control.stop_fd().as_raw_fd();
     let mut n = 1;
     for f in perf.ring_fds().take(MAX - 1) {
         fds[n].fd = f.as_raw_fd();
         n += 1;
     }
-    while !control.stopping.load(SeqCst) {
+    while !control.stopping() {
         // SAFETY: `fds[..n]` are valid pollfds on fds that outlive this loop.
         unsafe { libc::poll(fds.as_mut_ptr(), n as libc::nfds_t, TICK) };
         for f in &mut fds[1..n] {

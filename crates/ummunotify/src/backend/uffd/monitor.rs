@@ -8,91 +8,41 @@
 //! *each* single-message `read()` (see `crate::generation`). If it can not continue it marks the
 //! counter dead (every check fails) and keeps draining messages so no unmapping thread hangs.
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering::SeqCst};
+use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 
 use super::{decode, sys, Inner, MAX_SINKS};
 use crate::backend::table::Held;
+use crate::backend::thread::{Control, EventThread};
 use crate::backend::Invalidation;
 use crate::sink::WindowEnd;
-use crate::sys::{gettid, poll_readable, SignalsBlocked};
-
-/// What the monitor thread and its owner share: the stop request and the thread's tid.
-struct Control {
-    stop_fd: OwnedFd,
-    /// Set before `stop_fd` is signalled (read by the monitor when poll itself fails).
-    stopping: AtomicBool,
-    tid: AtomicI32,
-}
+use crate::sys::poll_readable;
 
 /// The running monitor thread of a context (one per process).
-pub(crate) struct Monitor {
-    handle: JoinHandle<()>,
-    control: Arc<Control>,
-}
+pub(crate) struct Monitor(EventThread);
 
 impl Monitor {
     pub(crate) fn tid(&self) -> i32 {
-        self.control.tid.load(SeqCst)
+        self.0.tid()
     }
 
     /// Stops the thread (it closes the context first) and waits for it. Not in a forked child:
     /// the thread does not exist there.
     pub(crate) fn stop(self) {
-        self.control.stopping.store(true, SeqCst);
-        crate::sys::eventfd_signal(self.control.stop_fd.as_fd());
-        let _ = self.handle.join();
-        crate::inflight::forget_monitor(self.control.tid.load(SeqCst));
+        self.0.stop();
     }
 }
 
-/// Starts the monitor with every signal blocked (the mask is inherited at thread creation, so
-/// no signal can ever run a handler on it; the kernel routes process signals to other threads),
-/// and returns only once the thread is running its loop.
-///
-/// # Ready when this returns
-/// A new thread maps memory when it *starts running*, not when it is spawned: Rust's runtime
-/// gives it an alternate signal stack (a guard page plus `max(SIGSTKSZ, AT_MINSIGSTKSZ)`, four
-/// pages on CPUs with AMX) just before the closure runs, and the kernel puts that mapping in the
-/// freshest hole, often the one the caller's first munmap just left. A notifier whose monitor
-/// was still starting when `new()` returned would plant it in a hole the caller is about to map
-/// again. So the closure first records its tid, then tells the spawner it runs, and `spawn`
-/// waits for that: every mapping the thread will make (its stack, TLS, signal stack) exists
-/// before the notifier is handed out. The monitor makes none afterwards (it never allocates).
+/// Starts the monitor (every signal blocked) and returns only once the thread is running its
+/// loop: see `crate::backend::thread` for why both matter.
 pub(crate) fn spawn(inner: Arc<Inner>) -> io::Result<Monitor> {
-    let control = Arc::new(Control {
-        stop_fd: crate::sys::eventfd()?,
-        stopping: AtomicBool::new(false),
-        tid: AtomicI32::new(0),
-    });
-    let _blocked = SignalsBlocked::new();
-    let spawner = std::thread::current();
-    let handle = {
-        let control = control.clone();
-        std::thread::Builder::new()
-            .name("ummunotify-mon".into())
-            .spawn(move || {
-                // The tid doubles as the "running" flag the spawner waits for.
-                let tid = gettid();
-                crate::inflight::note_monitor(tid);
-                control.tid.store(tid, SeqCst);
-                spawner.unpark();
-                run(&inner, &control);
-                // Before this thread exits (unmapping its stack, freeing its TLS): see `Uffd`.
-                inner.uffd.close_from_monitor();
-                // Dropped only now: the last reference to a thread handle frees it, and the
-                // event path never frees.
-                drop(spawner);
-            })?
-    };
-    // `park` may return spuriously, or at once for an earlier `unpark`: the tid decides.
-    while control.tid.load(SeqCst) == 0 {
-        std::thread::park();
-    }
-    Ok(Monitor { handle, control })
+    EventThread::spawn("ummunotify-mon", move |control, _tid| {
+        run(&inner, control);
+        // Before this thread exits (unmapping its stack, freeing its TLS): see `Uffd`.
+        inner.uffd.close_from_monitor();
+    })
+    .map(Monitor)
 }
 
 /// The loop: every message goes to every sink the context serves at that moment, each with
@@ -107,14 +57,14 @@ fn run(inner: &Inner, control: &Control) {
     // The loop ends only when the context is dropped: exiting earlier would close it under
     // user threads that still use its fd (see `Uffd`), so failures make it dead instead.
     loop {
-        let (uffd_ready, stop) = match poll_readable(uffd.fd(), control.stop_fd.as_fd()) {
+        let (uffd_ready, stop) = match poll_readable(uffd.fd(), control.stop_fd()) {
             Ok(r) => r,
             Err(_) => {
                 // Can not happen while our fds are open; if it does, every check fails from now
                 // on and we keep trying (slowly) so that unmapping threads are still released.
                 die(inner, &mut dead);
                 std::thread::sleep(std::time::Duration::from_millis(1));
-                (true, control.stopping.load(SeqCst))
+                (true, control.stopping())
             }
         };
         if uffd_ready && !(dead && stop) {
