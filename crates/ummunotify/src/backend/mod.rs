@@ -77,6 +77,7 @@ mod hybrid;
 pub(crate) mod kernel;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod perf;
+pub(crate) mod syscalls;
 pub(crate) mod table;
 pub(crate) mod thread;
 pub(crate) mod uffd;

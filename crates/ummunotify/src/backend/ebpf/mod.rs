@@ -171,12 +171,12 @@ impl Programs {
         let mut links = Vec::new();
         let mut attached = Vec::new();
         let mut exit_prog: Option<(OwnedFd, i16)> = None;
-        for kind in prog::Kind::ALL {
-            let enter_tp = format!("sys_enter_{}", kind.syscall());
-            let exit_tp = format!("sys_exit_{}", kind.syscall());
+        for kind in prog::Syscall::ALL {
+            let enter_tp = format!("sys_enter_{}", kind.name());
+            let exit_tp = format!("sys_exit_{}", kind.name());
             let (id, arg0) = sys::tracepoint(&enter_tp)?;
             let (exit_id, ret) = sys::tracepoint(&exit_tp)?;
-            let name = format!("umn_{}", kind.syscall());
+            let name = format!("umn_{}", kind.name());
             let fd = sys::prog_load_tracepoint(&name, &prog::enter(kind, arg0, pf, inf))?;
             if exit_prog.is_none() {
                 let e = sys::prog_load_tracepoint("umn_exit", &prog::exit(ret, pf, inf))?;

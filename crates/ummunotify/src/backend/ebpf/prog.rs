@@ -13,53 +13,8 @@
 
 use super::asm::*;
 use super::layout::*;
-
-/// The syscalls watched.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Kind {
-    Munmap,
-    Mremap,
-    Madvise,
-    Brk,
-    Mmap,
-    Shmdt,
-    Shmat,
-    ProcessMadvise,
-    RemapFilePages,
-}
-
-impl Kind {
-    pub(crate) const ALL: [Kind; 9] = [
-        Kind::Munmap,
-        Kind::Mremap,
-        Kind::Madvise,
-        Kind::Brk,
-        Kind::Mmap,
-        Kind::Shmdt,
-        Kind::Shmat,
-        Kind::ProcessMadvise,
-        Kind::RemapFilePages,
-    ];
-
-    /// The syscall's name in `syscalls:sys_enter_<name>`.
-    pub(crate) fn syscall(self) -> &'static str {
-        match self {
-            Kind::Munmap => "munmap",
-            Kind::Mremap => "mremap",
-            Kind::Madvise => "madvise",
-            Kind::Brk => "brk",
-            Kind::Mmap => "mmap",
-            Kind::Shmdt => "shmdt",
-            Kind::Shmat => "shmat",
-            Kind::ProcessMadvise => "process_madvise",
-            Kind::RemapFilePages => "remap_file_pages",
-        }
-    }
-}
-
-/// Advice values that drop or replace the frames behind a range: `DONTNEED`, `FREE`, `REMOVE`,
-/// `DONTNEED_LOCKED`, `COLLAPSE`, `HWPOISON`, `SOFT_OFFLINE`, `GUARD_INSTALL`.
-pub(crate) const DESTRUCTIVE_ADVICE: [i32; 8] = [4, 8, 9, 24, 25, 100, 101, 102];
+pub(crate) use crate::backend::syscalls::Syscall;
+use crate::backend::syscalls::DESTRUCTIVE_ADVICE;
 
 // Stack slots (offsets from r10).
 const TGID: i16 = -8;
@@ -278,18 +233,18 @@ fn widen(a: &mut Asm, off: i16, y: Reg, low: bool) {
 }
 
 /// Argument filters that need no map: jump to `out` for calls that change nothing.
-fn prefilter(g: &mut Gen, kind: Kind) {
+fn prefilter(g: &mut Gen, kind: Syscall) {
     let out = g.out;
     match kind {
-        Kind::Madvise => {
+        Syscall::Madvise => {
             g.arg(R1, 2);
             g.require_one_of(R1, &DESTRUCTIVE_ADVICE);
         }
-        Kind::ProcessMadvise => {
+        Syscall::ProcessMadvise => {
             g.arg(R1, 3);
             g.require_one_of(R1, &DESTRUCTIVE_ADVICE);
         }
-        Kind::Mmap => {
+        Syscall::Mmap => {
             g.arg(R1, 3);
             let fixed = g.a.label();
             g.a.jmp_imm(Jmp::Set, R1, MAP_FIXED_NOREPLACE, out)
@@ -297,7 +252,7 @@ fn prefilter(g: &mut Gen, kind: Kind) {
                 .ja(out);
             g.a.bind(fixed);
         }
-        Kind::Shmat => {
+        Syscall::Shmat => {
             g.arg(R1, 2);
             let remap = g.a.label();
             g.a.jmp_imm(Jmp::Set, R1, SHM_REMAP, remap).ja(out);
@@ -309,9 +264,9 @@ fn prefilter(g: &mut Gen, kind: Kind) {
 
 /// Fills the record `{s0, e0, s1, e1}` (zeroed before) from the arguments; r6 = ctx,
 /// r7 = area.
-fn compute(g: &mut Gen, kind: Kind) {
+fn compute(g: &mut Gen, kind: Syscall) {
     match kind {
-        Kind::Munmap | Kind::Madvise | Kind::Mmap | Kind::RemapFilePages => {
+        Syscall::Munmap | Syscall::Madvise | Syscall::Mmap | Syscall::RemapFilePages => {
             g.arg(R1, 0);
             g.a.alu_imm(Alu::And, R1, -(PAGE as i32));
             g.arg(R2, 1);
@@ -319,20 +274,20 @@ fn compute(g: &mut Gen, kind: Kind) {
             g.rec(0, R1);
             g.rec(1, R3);
         }
-        Kind::Shmdt => {
+        Syscall::Shmdt => {
             // The segment's size is not in the arguments: everything from addr up.
             g.arg(R1, 0);
             g.a.alu_imm(Alu::And, R1, -(PAGE as i32));
             g.rec(0, R1);
             g.rec_imm(1, -1);
         }
-        Kind::Shmat => {
+        Syscall::Shmat => {
             g.arg(R1, 1);
             g.a.alu_imm(Alu::And, R1, -(PAGE as i32));
             g.rec(0, R1);
             g.rec_imm(1, -1);
         }
-        Kind::Brk => {
+        Syscall::Brk => {
             // Shrinking unmaps [PAGE_ALIGN(new), PAGE_ALIGN(cur)); cur is what the last brk
             // returned (the exit program records it), unknown (0) means "up to the top".
             let done = g.a.label();
@@ -352,7 +307,7 @@ fn compute(g: &mut Gen, kind: Kind) {
             g.rec_imm(1, -1);
             g.a.bind(done);
         }
-        Kind::Mremap => {
+        Syscall::Mremap => {
             let dest = g.a.label();
             let grow = g.a.label();
             let whole = g.a.label();
@@ -394,7 +349,7 @@ fn compute(g: &mut Gen, kind: Kind) {
             g.rec(3, R9);
             g.a.bind(done);
         }
-        Kind::ProcessMadvise => {
+        Syscall::ProcessMadvise => {
             // One range covering every iovec (at most PMADV_MAXVEC; more, or one that can not
             // be read: everything).
             let whole = g.a.label();
@@ -438,7 +393,7 @@ fn compute(g: &mut Gen, kind: Kind) {
 }
 
 /// The `sys_enter_<kind>` program. `arg0` is the offset of the first argument in the record.
-pub(crate) fn enter(kind: Kind, arg0: i16, procs: i32, inflight: i32) -> Vec<Insn> {
+pub(crate) fn enter(kind: Syscall, arg0: i16, procs: i32, inflight: i32) -> Vec<Insn> {
     let mut g = Gen::new(arg0, procs, inflight);
     g.a.mov(R6, R1);
     for i in 0..4 {

@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 use super::patch::Target;
 use super::{invalidate, maybe_watched};
+use crate::backend::syscalls::drops_pages;
 use crate::sys::SignalsBlocked;
 
 const PAGE: u64 = 4096;
@@ -90,25 +91,6 @@ extern "C" fn munmap(a0: u64, a1: u64, a2: u64, a3: u64, a4: u64, a5: u64) -> i6
     count();
     let a = [a0, a1, a2, a3, a4, a5];
     around([pages(a0, a1), None], true, libc::SYS_munmap as u64, a)
-}
-
-/// Advice that drops, replaces or poisons pages (the old frames are gone afterwards).
-pub(in crate::backend) fn drops_pages(advice: u64) -> bool {
-    const MADV_DONTNEED_LOCKED: u64 = 24;
-    const MADV_COLLAPSE: u64 = 25;
-    const MADV_GUARD_INSTALL: u64 = 102;
-    matches!(
-        advice as i32,
-        libc::MADV_DONTNEED
-            | libc::MADV_FREE
-            | libc::MADV_REMOVE
-            | libc::MADV_PAGEOUT
-            | libc::MADV_HWPOISON
-            | libc::MADV_SOFT_OFFLINE
-    ) || matches!(
-        advice,
-        MADV_DONTNEED_LOCKED | MADV_COLLAPSE | MADV_GUARD_INSTALL
-    )
 }
 
 extern "C" fn madvise(a0: u64, a1: u64, a2: u64, a3: u64, a4: u64, a5: u64) -> i64 {

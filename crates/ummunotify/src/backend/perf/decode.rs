@@ -5,7 +5,9 @@
 //! u16 at 0 (the tracepoint id), `__syscall_nr` at 8, then the arguments as u64 from 16
 //! (`sys_enter_*`) or the return value at 16 (`sys_exit_*`).
 
-use crate::backend::hooks::calls::{drops_pages, mmap_range, mremap_ranges, pages, Ranges};
+use crate::backend::hooks::calls::{mmap_range, mremap_ranges, pages, Ranges};
+use crate::backend::syscalls::drops_pages;
+pub(super) use crate::backend::syscalls::Syscall;
 
 const PERF_RECORD_LOST: u32 = 2;
 const PERF_RECORD_THROTTLE: u32 = 5;
@@ -22,33 +24,6 @@ pub(super) const TOP: u64 = 1 << 57;
 
 const PAGE: u64 = 4096;
 
-/// The syscalls traced, each at entry and exit.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Call {
-    Munmap,
-    Mremap,
-    Madvise,
-    Brk,
-    Mmap,
-    Shmdt,
-    Shmat,
-    ProcessMadvise,
-    RemapFilePages,
-}
-
-/// Every traced call and its tracefs name (`sys_enter_NAME`, `sys_exit_NAME`).
-pub(super) const CALLS: [(Call, &str); 9] = [
-    (Call::Munmap, "munmap"),
-    (Call::Mremap, "mremap"),
-    (Call::Madvise, "madvise"),
-    (Call::Brk, "brk"),
-    (Call::Mmap, "mmap"),
-    (Call::Shmdt, "shmdt"),
-    (Call::Shmat, "shmat"),
-    (Call::ProcessMadvise, "process_madvise"),
-    (Call::RemapFilePages, "remap_file_pages"),
-];
-
 /// A decoded record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Record {
@@ -56,14 +31,14 @@ pub(super) enum Record {
     Enter {
         tid: i32,
         time: u64,
-        call: Call,
+        call: Syscall,
         args: [u64; 6],
     },
     /// A traced syscall of `tid` returned `ret` at `time`.
     Exit {
         tid: i32,
         time: u64,
-        call: Call,
+        call: Syscall,
         ret: i64,
     },
     /// The kernel dropped records (or throttled the event): anything may have changed.
@@ -73,7 +48,7 @@ pub(super) enum Record {
 }
 
 /// Maps tracepoint ids to calls: `(id, call, is_exit)`.
-pub(super) type Ids = [(u64, Call, bool); 2 * CALLS.len()];
+pub(super) type Ids = [(u64, Syscall, bool); 2 * Syscall::ALL.len()];
 
 fn u32_at(b: &[u8], at: usize) -> Option<u32> {
     Some(u32::from_ne_bytes(b.get(at..at + 4)?.try_into().ok()?))
@@ -137,14 +112,14 @@ fn sample(r: &[u8], ids: &Ids) -> Option<Record> {
 /// `shmdt` and `shmat(SHM_REMAP)` take everything from their address up (the segment's size is
 /// not in the record), a page-dropping `process_madvise` everything (its ranges are in the
 /// caller's memory, not in the record).
-pub(super) fn effect(call: Call, args: [u64; 6], brk_top: u64) -> (Ranges, bool) {
+pub(super) fn effect(call: Syscall, args: [u64; 6], brk_top: u64) -> (Ranges, bool) {
     const SHM_REMAP: u64 = 0o40000;
     let up = |x: u64| x.saturating_add(PAGE - 1) & !(PAGE - 1);
     let from = |a: u64| Some((a & !(PAGE - 1), TOP)).filter(|r| r.0 < r.1);
     match call {
-        Call::Munmap => ([pages(args[0], args[1]), None], true),
-        Call::Mremap => (mremap_ranges(args), true),
-        Call::Madvise => {
+        Syscall::Munmap => ([pages(args[0], args[1]), None], true),
+        Syscall::Mremap => (mremap_ranges(args), true),
+        Syscall::Madvise => {
             let r = if drops_pages(args[2]) {
                 pages(args[0], args[1])
             } else {
@@ -152,7 +127,7 @@ pub(super) fn effect(call: Call, args: [u64; 6], brk_top: u64) -> (Ranges, bool)
             };
             ([r, None], false)
         }
-        Call::Brk => {
+        Syscall::Brk => {
             let r = if args[0] != 0 && up(args[0]) < up(brk_top) {
                 Some((up(args[0]), up(brk_top)))
             } else {
@@ -160,9 +135,9 @@ pub(super) fn effect(call: Call, args: [u64; 6], brk_top: u64) -> (Ranges, bool)
             };
             ([r, None], true)
         }
-        Call::Mmap => ([mmap_range(args), None], true),
-        Call::Shmdt => ([from(args[0]), None], true),
-        Call::Shmat => {
+        Syscall::Mmap => ([mmap_range(args), None], true),
+        Syscall::Shmdt => ([from(args[0]), None], true),
+        Syscall::Shmat => {
             let r = if args[2] & SHM_REMAP != 0 && args[1] != 0 {
                 from(args[1])
             } else {
@@ -170,7 +145,7 @@ pub(super) fn effect(call: Call, args: [u64; 6], brk_top: u64) -> (Ranges, bool)
             };
             ([r, None], true)
         }
-        Call::ProcessMadvise => {
+        Syscall::ProcessMadvise => {
             let r = if drops_pages(args[3]) {
                 Some((0, TOP))
             } else {
@@ -178,7 +153,7 @@ pub(super) fn effect(call: Call, args: [u64; 6], brk_top: u64) -> (Ranges, bool)
             };
             ([r, None], false)
         }
-        Call::RemapFilePages => ([pages(args[0], args[1]), None], true),
+        Syscall::RemapFilePages => ([pages(args[0], args[1]), None], true),
     }
 }
 
@@ -187,8 +162,8 @@ mod tests {
     use super::*;
 
     fn ids() -> Ids {
-        let mut ids = [(0, Call::Munmap, false); 2 * CALLS.len()];
-        for (i, (c, _)) in CALLS.iter().enumerate() {
+        let mut ids = [(0, Syscall::Munmap, false); 2 * Syscall::ALL.len()];
+        for (i, c) in Syscall::ALL.iter().enumerate() {
             ids[2 * i] = (100 + 2 * i as u64, *c, false);
             ids[2 * i + 1] = (101 + 2 * i as u64, *c, true);
         }
@@ -223,7 +198,7 @@ mod tests {
             Record::Enter {
                 tid: 7,
                 time: 55,
-                call: Call::Munmap,
+                call: Syscall::Munmap,
                 args: [0x1000, 0x2000, 0, 0, 0, 0]
             }
         );
@@ -233,7 +208,7 @@ mod tests {
             Record::Exit {
                 tid: 7,
                 time: 56,
-                call: Call::Munmap,
+                call: Syscall::Munmap,
                 ret: -22
             }
         );
@@ -249,46 +224,46 @@ mod tests {
     fn effects_are_the_pages_each_call_may_change() {
         let m = |c, a: [u64; 6]| effect(c, a, 0x60_0000);
         assert_eq!(
-            m(Call::Munmap, [0x1001, 0x10, 0, 0, 0, 0]).0,
+            m(Syscall::Munmap, [0x1001, 0x10, 0, 0, 0, 0]).0,
             [Some((0x1000, 0x2000)), None]
         );
         // madvise: DONTNEED drops, WILLNEED keeps.
         assert_eq!(
-            m(Call::Madvise, [0x4000, 0x1000, 4, 0, 0, 0]),
+            m(Syscall::Madvise, [0x4000, 0x1000, 4, 0, 0, 0]),
             ([Some((0x4000, 0x5000)), None], false)
         );
         assert_eq!(
-            m(Call::Madvise, [0x4000, 0x1000, 3, 0, 0, 0]).0,
+            m(Syscall::Madvise, [0x4000, 0x1000, 3, 0, 0, 0]).0,
             [None, None]
         );
         // mmap: only MAP_FIXED replaces.
         assert_eq!(
-            m(Call::Mmap, [0x8000, 0x1000, 3, 0x22, 0, 0]).0,
+            m(Syscall::Mmap, [0x8000, 0x1000, 3, 0x22, 0, 0]).0,
             [None, None]
         );
         assert_eq!(
-            m(Call::Mmap, [0x8000, 0x1000, 3, 0x32, 0, 0]).0,
+            m(Syscall::Mmap, [0x8000, 0x1000, 3, 0x32, 0, 0]).0,
             [Some((0x8000, 0x9000)), None]
         );
         // brk: shrinking below the highest break seen unmaps up to it; growing changes nothing.
         assert_eq!(
-            m(Call::Brk, [0x50_0001, 0, 0, 0, 0, 0]).0,
+            m(Syscall::Brk, [0x50_0001, 0, 0, 0, 0, 0]).0,
             [Some((0x50_1000, 0x60_0000)), None]
         );
-        assert_eq!(m(Call::Brk, [0x70_0000, 0, 0, 0, 0, 0]).0, [None, None]);
-        assert_eq!(m(Call::Brk, [0, 0, 0, 0, 0, 0]).0, [None, None]);
+        assert_eq!(m(Syscall::Brk, [0x70_0000, 0, 0, 0, 0, 0]).0, [None, None]);
+        assert_eq!(m(Syscall::Brk, [0, 0, 0, 0, 0, 0]).0, [None, None]);
         // shmdt: from its address up; process_madvise(DONTNEED): everything.
         assert_eq!(
-            m(Call::Shmdt, [0x7000_0000, 0, 0, 0, 0, 0]).0,
+            m(Syscall::Shmdt, [0x7000_0000, 0, 0, 0, 0, 0]).0,
             [Some((0x7000_0000, TOP)), None]
         );
         assert_eq!(
-            m(Call::ProcessMadvise, [3, 0x1234, 1, 4, 0, 0]).0,
+            m(Syscall::ProcessMadvise, [3, 0x1234, 1, 4, 0, 0]).0,
             [Some((0, TOP)), None]
         );
         // mremap move: the old range and the fixed destination.
         assert_eq!(
-            m(Call::Mremap, [0x1_0000, 0x2000, 0x2000, 3, 0x9_0000, 0]).0,
+            m(Syscall::Mremap, [0x1_0000, 0x2000, 0x2000, 3, 0x9_0000, 0]).0,
             [Some((0x1_0000, 0x1_2000)), Some((0x9_0000, 0x9_2000))]
         );
     }

@@ -2,7 +2,7 @@
 //!
 //! # Mechanism
 //! `perf_event_open` on the `syscalls:sys_enter_*` and `sys_exit_*` tracepoints of every call
-//! that can change the pages behind a range ([`decode::CALLS`]: munmap, mremap, madvise, brk,
+//! that can change the pages behind a range ([`Syscall::ALL`]: munmap, mremap, madvise, brk,
 //! mmap, shmdt, shmat, process_madvise, remap_file_pages), one ring per CPU:
 //!
 //! * **Filtered in the kernel to this process.** Each event is per thread *and* per CPU
@@ -94,7 +94,7 @@ use std::sync::atomic::{
 };
 use std::sync::{Mutex, Once};
 
-use decode::{Call, Ids, Record, CALLS, MAX_RECORD};
+use decode::{Ids, Record, Syscall, MAX_RECORD};
 
 use crate::backend::hooks::calls::Ranges;
 
@@ -291,8 +291,9 @@ fn tracepoint_ids() -> Result<Ids, crate::Unsupported> {
              tracepoint ids live there",
         )
     })?;
-    let mut ids = [(0, Call::Munmap, false); 2 * CALLS.len()];
-    for (i, &(call, name)) in CALLS.iter().enumerate() {
+    let mut ids = [(0, Syscall::Munmap, false); 2 * Syscall::ALL.len()];
+    for (i, &call) in Syscall::ALL.iter().enumerate() {
+        let name = call.name();
         for (j, dir) in ["enter", "exit"].into_iter().enumerate() {
             let tp = format!("sys_{dir}_{name}");
             let id = sys::tracepoint_id(root, &tp).map_err(|e| {
@@ -341,7 +342,7 @@ impl Perf {
         let mut attached: Vec<i32> = Vec::new();
         let name = |i: usize| {
             let (_, call, exit) = ids[i];
-            let n = CALLS.iter().find(|c| c.0 == call).map_or("?", |c| c.1);
+            let n = call.name();
             format!("sys_{}_{n}", if exit { "exit" } else { "enter" })
         };
         // Attach every thread; read the list again until a pass finds no new one (a thread
@@ -443,7 +444,7 @@ impl Perf {
             .filter(|i| which & (1 << i) != 0)
             .map(|i| {
                 let (_, call, exit) = self.ids[i];
-                let n = CALLS.iter().find(|c| c.0 == call).map_or("?", |c| c.1);
+                let n = call.name();
                 format!("syscalls:sys_{}_{n}", if exit { "exit" } else { "enter" })
             })
             .collect();
@@ -614,12 +615,12 @@ fn walk(ring: &sys::RingMap, from: u64, to: u64, ids: &Ids, mut f: impl FnMut(Re
 }
 
 /// Bit of `call` (entry or exit) in the id table's order.
-fn bit(call: Call, exit: bool) -> u32 {
-    let i = CALLS.iter().position(|c| c.0 == call).unwrap_or(0);
+fn bit(call: Syscall, exit: bool) -> u32 {
+    let i = call.index();
     1 << (2 * i + exit as usize)
 }
 
-fn enter(d: &mut Drain, t: &dyn Target, tid: i32, time: u64, call: Call, args: [u64; 6]) {
+fn enter(d: &mut Drain, t: &dyn Target, tid: i32, time: u64, call: Syscall, args: [u64; 6]) {
     if tid == d.canary_tid {
         d.seen |= bit(call, false);
         return;
@@ -669,12 +670,12 @@ fn enter(d: &mut Drain, t: &dyn Target, tid: i32, time: u64, call: Call, args: [
     }
 }
 
-fn exit(d: &mut Drain, t: &dyn Target, tid: i32, time: u64, call: Call, ret: i64) {
+fn exit(d: &mut Drain, t: &dyn Target, tid: i32, time: u64, call: Syscall, ret: i64) {
     if tid == d.canary_tid {
         d.seen |= bit(call, true);
         return;
     }
-    if call == Call::Brk && ret > 0 {
+    if call == Syscall::Brk && ret > 0 {
         d.brk_top = d.brk_top.max(ret as u64);
     }
     let c = d.open.iter_mut().flatten().find(|c| c.tid == tid);
@@ -721,7 +722,7 @@ pub(crate) fn probe() -> super::BackendReport {
         format!(
             "ok: {cpus} rings (one per CPU), {events} events for {threads} threads, {} \
              tracepoints",
-            2 * CALLS.len()
+            2 * Syscall::ALL.len()
         )
     });
     super::BackendReport {
