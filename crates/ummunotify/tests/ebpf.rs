@@ -300,7 +300,11 @@ fn the_daemon_serves_an_unprivileged_process() {
     let daemon = Arc::new(daemon);
     let d2 = Arc::clone(&daemon);
     std::thread::spawn(move || d2.serve(listener));
-    let exe = std::env::current_exe().unwrap();
+    // A copy nobody can execute: the test binary's own path may run through a directory only
+    // root can enter (a clone under a `mktemp -d` directory, mode 0700).
+    let exe = dir.join("client");
+    std::fs::copy(std::env::current_exe().unwrap(), &exe).expect("copy the test binary");
+    std::fs::set_permissions(&exe, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let out = Command::new(&exe)
         .args([
             "--exact",
