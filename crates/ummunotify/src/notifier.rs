@@ -883,6 +883,23 @@ pub struct ReadEvents {
     pub drained_notifications: Option<u64>,
 }
 
+impl ReadEvents {
+    /// Every pending event, read in batches by `read` until a read drains the queue.
+    pub(crate) fn collect(
+        mut read: impl FnMut(&mut [Event]) -> Result<ReadEvents>,
+    ) -> Result<Vec<Event>> {
+        let mut out = Vec::new();
+        let mut buf = [Event::default(); 64];
+        loop {
+            let r = read(&mut buf)?;
+            out.extend_from_slice(&buf[..r.count]);
+            if r.drained.is_some() {
+                return Ok(out);
+            }
+        }
+    }
+}
+
 /// Tells the process when the mappings behind registered ranges change.
 ///
 /// See the [crate documentation](crate) for the model and an example. A `Notifier` is `Send` and
@@ -1646,15 +1663,7 @@ impl Notifier {
 
     /// Reads every pending event into a new vector (convenience over [`read_events`](Self::read_events)).
     pub fn events(&self) -> Result<Vec<Event>> {
-        let mut out = Vec::new();
-        let mut buf = [Event::default(); 64];
-        loop {
-            let r = self.read_events(&mut buf)?;
-            out.extend_from_slice(&buf[..r.count]);
-            if r.drained.is_some() {
-                return Ok(out);
-            }
-        }
+        ReadEvents::collect(|buf| self.read_events(buf))
     }
 
     /// Counters for diagnostics.

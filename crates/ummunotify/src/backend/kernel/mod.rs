@@ -310,15 +310,7 @@ impl KernelNotifier {
 
     /// Reads every pending event into a new vector.
     pub fn events(&self) -> Result<Vec<Event>> {
-        let mut out = Vec::new();
-        let mut buf = [Event::default(); 64];
-        loop {
-            let r = self.read_events(&mut buf)?;
-            out.extend_from_slice(&buf[..r.count]);
-            if r.drained.is_some() {
-                return Ok(out);
-            }
-        }
+        ReadEvents::collect(|buf| self.read_events(buf))
     }
 
     /// Regions registered now.

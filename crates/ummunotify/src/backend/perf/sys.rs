@@ -3,7 +3,7 @@
 #![allow(unsafe_code)] // perf_event_open, ioctl, mmap of the rings.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// `struct perf_event_attr` (`PERF_ATTR_SIZE_VER8`, 136 bytes).
@@ -136,26 +136,13 @@ impl RingMap {
     /// a child must never consume its parent's records.
     pub(super) fn map(fd: &OwnedFd) -> io::Result<RingMap> {
         let len = (1 + DATA_PAGES) * PAGE;
-        // SAFETY: a fresh shared mapping of a perf fd; nothing else is at the address.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
+        let p = crate::sys::mmap_shared(fd.as_fd(), len)?;
         let ring = RingMap {
-            base: p.cast(),
+            base: p.as_ptr(),
             len,
         };
         // SAFETY: our own mapping.
-        if unsafe { libc::madvise(p, len, libc::MADV_DONTFORK) } != 0 {
+        if unsafe { libc::madvise(p.as_ptr().cast(), len, libc::MADV_DONTFORK) } != 0 {
             return Err(io::Error::last_os_error());
         }
         Ok(ring)
