@@ -717,9 +717,10 @@ bool ummunotify_notifier_unchanged_since(const struct ummunotify_notifier *n, ui
 const ummunotify_counter_word *ummunotify_notifier_counter(const struct ummunotify_notifier *n);
 
 /*
- The backend this notifier runs on, as a static NUL-terminated name: `"uffd"`, `"hooks"` or
- `"hybrid"` (what `UMN_BACKEND` chose; `auto` resolves to one of them). NULL for a NULL
- notifier. The string lives as long as the process.
+ The backend this notifier runs on, as a static NUL-terminated name: `"uffd"`, `"hooks"`,
+ `"hybrid"`, `"perf"`, `"ebpf"` or `"kernel"` (what `UMN_BACKEND` chose; `auto` resolves to
+ one of them), as `umn doctor` names them. NULL for a NULL notifier. The string lives as long
+ as the process.
 
  # Safety
  `n` must be NULL or a live handle.

@@ -161,6 +161,23 @@ unsafe fn borrow<'a>(n: *const ummunotify_notifier) -> Option<&'a Notifier> {
     unsafe { handle(n) }.map(CNotifier::get)
 }
 
+/// `f(notifier)` for a getter that returns `default` for a NULL handle (or a panic).
+///
+/// # Safety
+/// `n` must be NULL or a live handle.
+unsafe fn get_or<T>(n: *const ummunotify_notifier, default: T, f: impl FnOnce(&Notifier) -> T) -> T
+where
+    T: Copy,
+{
+    guard(default, || {
+        // SAFETY: (caller) `n` is NULL or a live handle.
+        match unsafe { borrow(n) } {
+            Some(n) => f(n),
+            None => default,
+        }
+    })
+}
+
 macro_rules! notifier_or_null {
     ($n:expr) => {
         // SAFETY: (caller of the exported fn) `$n` is NULL or a live handle.
@@ -442,14 +459,13 @@ pub unsafe extern "C" fn ummunotify_notifier_unchanged_since(
     n: *const ummunotify_notifier,
     generation: u64,
 ) -> bool {
-    guard(false, || {
-        // SAFETY: (caller) `n` is NULL or a live handle.
-        match unsafe { borrow(n) } {
+    // SAFETY: (caller) `n` is NULL or a live handle.
+    unsafe {
+        get_or(n, false, |n| {
             // One load on push backends; a pull backend's probe runs first (bit 61).
-            Some(n) => n.unchanged_since(core_api::Generation::from_value(generation)),
-            None => false,
-        }
-    })
+            n.unchanged_since(core_api::Generation::from_value(generation))
+        })
+    }
 }
 
 /// The live generation counter word, valid until the notifier is freed (NULL for a NULL
@@ -465,18 +481,14 @@ pub unsafe extern "C" fn ummunotify_notifier_unchanged_since(
 pub unsafe extern "C" fn ummunotify_notifier_counter(
     n: *const ummunotify_notifier,
 ) -> *const ummunotify_counter_word {
-    guard(std::ptr::null(), || {
-        // SAFETY: (caller) `n` is NULL or a live handle.
-        match unsafe { borrow(n) } {
-            Some(n) => n.counter().as_ptr().cast_const(),
-            None => std::ptr::null(),
-        }
-    })
+    // SAFETY: (caller) `n` is NULL or a live handle.
+    unsafe { get_or(n, std::ptr::null(), |n| n.counter().as_ptr().cast_const()) }
 }
 
-/// The backend this notifier runs on, as a static NUL-terminated name: `"uffd"`, `"hooks"` or
-/// `"hybrid"` (what `UMN_BACKEND` chose; `auto` resolves to one of them). NULL for a NULL
-/// notifier. The string lives as long as the process.
+/// The backend this notifier runs on, as a static NUL-terminated name: `"uffd"`, `"hooks"`,
+/// `"hybrid"`, `"perf"`, `"ebpf"` or `"kernel"` (what `UMN_BACKEND` chose; `auto` resolves to
+/// one of them), as `umn doctor` names them. NULL for a NULL notifier. The string lives as long
+/// as the process.
 ///
 /// # Safety
 /// `n` must be NULL or a live handle.
@@ -484,17 +496,8 @@ pub unsafe extern "C" fn ummunotify_notifier_counter(
 pub unsafe extern "C" fn ummunotify_notifier_backend(
     n: *const ummunotify_notifier,
 ) -> *const std::ffi::c_char {
-    guard(std::ptr::null(), || {
-        // SAFETY: (caller) `n` is NULL or a live handle.
-        match unsafe { borrow(n) } {
-            Some(n) => match n.backend() {
-                core_api::Backend::Hooks => c"hooks".as_ptr(),
-                core_api::Backend::Hybrid => c"hybrid".as_ptr(),
-                _ => c"uffd".as_ptr(),
-            },
-            None => std::ptr::null(),
-        }
-    })
+    // SAFETY: (caller) `n` is NULL or a live handle.
+    unsafe { get_or(n, std::ptr::null(), |n| n.backend().c_name().as_ptr()) }
 }
 
 /// A file descriptor readable while events are pending (and already while the monitor is taking
@@ -506,13 +509,8 @@ pub unsafe extern "C" fn ummunotify_notifier_backend(
 /// `n` must be NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn ummunotify_notifier_fd(n: *const ummunotify_notifier) -> c_int {
-    guard(-1, || {
-        // SAFETY: (caller) `n` is NULL or a live handle.
-        match unsafe { borrow(n) } {
-            Some(n) => n.as_fd().as_raw_fd(),
-            None => -1,
-        }
-    })
+    // SAFETY: (caller) `n` is NULL or a live handle.
+    unsafe { get_or(n, -1, |n| n.as_fd().as_raw_fd()) }
 }
 
 /// A memfd whose first 8 bytes are the live counter: `mmap(NULL, 8, PROT_READ, MAP_SHARED, fd,
@@ -523,13 +521,8 @@ pub unsafe extern "C" fn ummunotify_notifier_fd(n: *const ummunotify_notifier) -
 /// `n` must be NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn ummunotify_notifier_counter_fd(n: *const ummunotify_notifier) -> c_int {
-    guard(-1, || {
-        // SAFETY: (caller) `n` is NULL or a live handle.
-        match unsafe { borrow(n) } {
-            Some(n) => n.counter_fd().as_raw_fd(),
-            None => -1,
-        }
-    })
+    // SAFETY: (caller) `n` is NULL or a live handle.
+    unsafe { get_or(n, -1, |n| n.counter_fd().as_raw_fd()) }
 }
 
 /// Moves up to `capacity` pending events into `events` (re-arming their regions) and stores their

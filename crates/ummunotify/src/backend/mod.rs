@@ -139,6 +139,19 @@ impl Backend {
         }
     }
 
+    /// [`name`](Self::name) as a static C string (for the C API).
+    pub fn c_name(self) -> &'static std::ffi::CStr {
+        match self {
+            Backend::Auto => c"auto",
+            Backend::Userfaultfd => c"uffd",
+            Backend::Hooks => c"hooks",
+            Backend::Hybrid => c"hybrid",
+            Backend::Ebpf => c"ebpf",
+            Backend::Kernel => c"kernel",
+            Backend::Perf => c"perf",
+        }
+    }
+
     /// Parses `auto`, `uffd` (or `userfaultfd`), `hooks`, `hybrid`, `ebpf` (or `bpf`), `kernel`,
     /// `perf`.
     pub fn from_name(name: &str) -> Option<Backend> {
@@ -381,4 +394,25 @@ pub fn probe() -> Vec<BackendReport> {
     #[cfg(target_arch = "x86_64")]
     v.push(perf::probe());
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Backend;
+
+    #[test]
+    fn names_round_trip_and_the_c_name_is_the_name() {
+        for b in [
+            Backend::Auto,
+            Backend::Userfaultfd,
+            Backend::Hooks,
+            Backend::Hybrid,
+            Backend::Ebpf,
+            Backend::Kernel,
+            Backend::Perf,
+        ] {
+            assert_eq!(Backend::from_name(b.name()), Some(b));
+            assert_eq!(b.c_name().to_str(), Ok(b.name()));
+        }
+    }
 }
