@@ -1,10 +1,13 @@
 //! Guarantee 4 with the heap registered: free() and malloc_trim() that shrink a watched heap (brk,
 //! madvise) from many threads, while events are pending and other threads register, unregister
 //! and read events. A watchdog turns a deadlock into a failure instead of a hung CI.
+mod common;
+
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::heap_churn_round;
 use ummunotify::{Cookie, Notifier};
 
 fn heap_range() -> Option<(usize, usize)> {
@@ -48,24 +51,7 @@ fn trimming_a_watched_heap_from_many_threads_never_deadlocks() {
             let n = n.clone();
             std::thread::spawn(move || {
                 for round in 0..300u64 {
-                    // Small blocks (main-arena or per-thread arena heap), then trim.
-                    let blocks: Vec<Vec<u8>> = (0..32usize)
-                        .map(|i| vec![(i as u64 + round) as u8; 4096 + i * 512])
-                        .collect();
-                    drop(blocks);
-                    // SAFETY: malloc_trim has no preconditions.
-                    unsafe { libc::malloc_trim(0) };
-                    if t == 0 {
-                        // Register/unregister and read events while others trim.
-                        let v = vec![0u8; 8192];
-                        let a = v.as_ptr() as usize;
-                        let c = Cookie(1000 + round);
-                        if n.register(a..a + v.len(), c).is_ok() {
-                            drop(v);
-                            n.events().unwrap();
-                            n.unregister(c).unwrap();
-                        }
-                    }
+                    heap_churn_round(&n, round, t == 0);
                 }
             })
         })

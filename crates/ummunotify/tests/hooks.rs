@@ -857,22 +857,7 @@ fn a_registered_heap_trimmed_from_many_threads_with_signals_never_deadlocks() {
                 // SAFETY: pthread_self has no preconditions.
                 tx.send(unsafe { libc::pthread_self() }).unwrap();
                 for round in 0..300u64 {
-                    let blocks: Vec<Vec<u8>> = (0..32usize)
-                        .map(|i| vec![(i as u64 + round) as u8; 4096 + i * 512])
-                        .collect();
-                    drop(blocks);
-                    // SAFETY: malloc_trim has no preconditions.
-                    unsafe { libc::malloc_trim(0) };
-                    if t == 0 {
-                        let v = vec![0u8; 8192];
-                        let a = v.as_ptr() as usize;
-                        let c = Cookie(1000 + round);
-                        if n.register(a..a + v.len(), c).is_ok() {
-                            drop(v);
-                            n.events().unwrap();
-                            n.unregister(c).unwrap();
-                        }
-                    }
+                    heap_churn_round(&n, round, t == 0);
                 }
             })
         })

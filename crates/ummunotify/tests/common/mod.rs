@@ -216,3 +216,26 @@ pub fn uffd_wp_registered(addr: usize) -> bool {
     }
     false
 }
+
+/// One round of the heap-trimming hunt (tests/heap.rs, tests/hooks.rs): allocate and free 32
+/// blocks of 4–20 KiB (main-arena or per-thread arena heap), `malloc_trim(0)`, and, when
+/// `register`, register an 8 KiB heap block, free it while registered, read the events and
+/// unregister, while other threads trim.
+pub fn heap_churn_round(n: &ummunotify::Notifier, round: u64, register: bool) {
+    let blocks: Vec<Vec<u8>> = (0..32usize)
+        .map(|i| vec![(i as u64 + round) as u8; 4096 + i * 512])
+        .collect();
+    drop(blocks);
+    // SAFETY: malloc_trim has no preconditions.
+    unsafe { libc::malloc_trim(0) };
+    if register {
+        let v = vec![0u8; 8192];
+        let a = v.as_ptr() as usize;
+        let c = ummunotify::Cookie(1000 + round);
+        if n.register(a..a + v.len(), c).is_ok() {
+            drop(v);
+            n.events().unwrap();
+            n.unregister(c).unwrap();
+        }
+    }
+}
