@@ -41,10 +41,13 @@
 //! before it is freed.
 //!
 //! # Fork (guarantee 6)
-//! A `pthread_atfork` child handler empties the sink table, and the hook path also compares
-//! `getpid()` with the process that published the sinks before it takes any lock: a child never
-//! takes a lock a parent's thread held at fork time, and its own unmaps never touch the
-//! parent's (poisoned) registrations. The prepare handler waits for an install in progress and
+//! A `pthread_atfork` child handler empties the sink table, and the hook path also checks that
+//! it runs in the process that published the sinks before it takes any lock (a child forked by
+//! a raw syscall runs no handler): a child never takes a lock a parent's thread held at fork
+//! time, and its own unmaps never touch the parent's (poisoned) registrations. The check is one
+//! load of a word in a page mapped `MADV_WIPEONFORK`, which the kernel hands any forked child
+//! zeroed ([`in_publisher`]; a `getpid()` per pass, two syscalls per hooked call, where that
+//! page can not be made). The prepare handler waits for an install in progress and
 //! takes the filter's lock, released on both sides, so a child can start hooks notifiers of its
 //! own however the parent's threads were placed at fork.
 //!
@@ -57,7 +60,7 @@
 //! # Cost
 //! Installing is permanent. From then on every hooked libc call pays the stub, a sharded call
 //! counter and the filter's loads (tens of ns); one on watched pages also two `rt_sigprocmask`
-//! calls and the index lock twice (`umn bench`: about 1.5× an unregistered munmap).
+//! calls and the index lock twice (no `getpid`: see "Fork") (`umn bench`: about 1.5× an unregistered munmap).
 #![allow(unsafe_code)] // The sink table hands raw pointers to hooks.
 
 #[cfg(target_arch = "x86_64")]
@@ -68,8 +71,8 @@ mod maps;
 #[cfg(target_arch = "x86_64")]
 mod patch;
 
-use std::sync::atomic::AtomicI32;
-use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
+use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU32};
 use std::sync::{Arc, OnceLock};
 
 pub(crate) use filter::{maybe_watched, Watch};
@@ -129,10 +132,60 @@ pub(crate) fn publish(sink: Arc<dyn Sink>) -> crate::Result<Box<dyn Delivery>> {
 static SINKS: SinkTable<64> = SinkTable::new();
 /// The process that published the sinks (a forked child has another pid).
 static OWNER: AtomicI32 = AtomicI32::new(0);
+/// 1 (in a page of its own, `MADV_WIPEONFORK`) in the process that published the sinks; the
+/// kernel gives every child forked from it a zero page there. Null until the first publish, or
+/// if the page could not be made.
+static PUBLISHER: AtomicPtr<AtomicU32> = AtomicPtr::new(std::ptr::null_mut());
 
 fn getpid_raw() -> i32 {
     // SAFETY: getpid has no preconditions; libc's wrapper is not patched.
     unsafe { libc::getpid() }
+}
+
+/// Whether this process published the sinks (false in a forked child). Hook path: one load.
+#[inline]
+fn in_publisher() -> bool {
+    let w = PUBLISHER.load(Acquire);
+    if w.is_null() {
+        return OWNER.load(Relaxed) == getpid_raw();
+    }
+    // SAFETY: a non-null PUBLISHER is a page mapped once and never unmapped.
+    unsafe { (*w).load(Relaxed) != 0 }
+}
+
+/// Marks this process as the publisher (called by every publish, so a child that starts hooks
+/// notifiers of its own marks its zeroed copy of the page again).
+fn mark_publisher() {
+    OWNER.store(getpid_raw(), SeqCst);
+    static PAGE: OnceLock<usize> = OnceLock::new();
+    let page = *PAGE.get_or_init(|| {
+        // SAFETY: a new private page at an address the kernel chooses; kept for the process's
+        // life.
+        unsafe {
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            if p == libc::MAP_FAILED {
+                return 0;
+            }
+            if libc::madvise(p, 4096, libc::MADV_WIPEONFORK) != 0 {
+                libc::munmap(p, 4096);
+                return 0;
+            }
+            p as usize
+        }
+    });
+    if page != 0 {
+        let w = page as *mut AtomicU32;
+        // SAFETY: the page is mapped read-write for the process's life.
+        unsafe { (*w).store(1, SeqCst) };
+        PUBLISHER.store(w, Release);
+    }
 }
 
 pub(crate) fn any_sinks() -> bool {
@@ -142,7 +195,7 @@ pub(crate) fn any_sinks() -> bool {
 /// Invalidates `[start, end)` in every hooks notifier of this process, in the calling thread.
 /// Hook path: see the module rules.
 pub(crate) fn invalidate(start: u64, end: u64, unmap: bool, again: bool) {
-    if OWNER.load(Relaxed) != getpid_raw() {
+    if !in_publisher() {
         return; // a forked child: its registrations are poisoned, and locks may be held
     }
     SINKS.for_each(|sink| sink.invalidate_in_thread(start, end, unmap, again));
@@ -187,7 +240,7 @@ impl Published {
     /// Publishes `sink` to the hooks. `None` when the table is full.
     fn publish(sink: Arc<dyn Sink>) -> Option<Published> {
         guard_fork();
-        OWNER.store(getpid_raw(), SeqCst);
+        mark_publisher();
         SINKS.publish(sink).map(|p| Published(Some(p)))
     }
 }
@@ -280,5 +333,47 @@ pub(crate) fn probe() -> super::BackendReport {
              own unmaps (dlclose), static binaries"
                 .to_string(),
         ],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The publisher check is false in a child forked by a raw syscall (no `pthread_atfork`
+    /// handler runs there), true again once the child publishes, and never a `getpid`.
+    #[test]
+    fn a_raw_forked_child_is_not_the_publisher() {
+        mark_publisher();
+        assert!(!PUBLISHER.load(Acquire).is_null(), "MADV_WIPEONFORK page");
+        assert!(in_publisher());
+        // SAFETY: the child only loads atomics and exits with `_exit`.
+        let pid = unsafe { libc::syscall(libc::SYS_fork) };
+        if pid == 0 {
+            let first = in_publisher();
+            mark_publisher();
+            let code = if first {
+                1
+            } else if in_publisher() {
+                0
+            } else {
+                2
+            };
+            // SAFETY: ends the child without running the parent's exit handlers.
+            unsafe { libc::_exit(code) };
+        }
+        assert!(pid > 0, "fork: {}", std::io::Error::last_os_error());
+        let mut status = 0;
+        // SAFETY: waits for our own child.
+        assert_eq!(
+            unsafe { libc::waitpid(pid as i32, &mut status, 0) },
+            pid as i32
+        );
+        assert_eq!(
+            libc::WEXITSTATUS(status),
+            0,
+            "1: the child took itself for the publisher; 2: publishing did not mark it"
+        );
+        assert!(in_publisher(), "the parent is still the publisher");
     }
 }

@@ -293,7 +293,7 @@ impl Context {
     /// non-hybrid notifier shares the context: it sees changes through messages only.
     ///
     /// Hook path: one ioctl, no allocation, no lock. Never in a forked child: the hooks
-    /// deliver nothing there (they compare the pid before calling any sink).
+    /// deliver nothing there (they check they run in the publishing process before calling any sink).
     pub(crate) fn unwatch_in_hook(&self, start: u64, end: u64) -> bool {
         if self.plain.load(SeqCst) != 0 {
             return false;
