@@ -91,11 +91,9 @@ pub(crate) trait Sink: Send + Sync {
     /// every signal.
     fn invalidate_in_thread(&self, start: u64, end: u64, unmap: bool, again: bool);
 
-    // Extension points used by no backend of this tree yet (the pull and kernel-module
-    // backends); exercised by the tests below.
-    /// Every region is invalid from now on (a pull backend that lost track, e.g. a ring that
-    /// overflowed): begin, invalidate all, end. Regions stay registered and re-arm on read.
-    #[cfg_attr(not(test), allow(dead_code))]
+    /// Every region is invalid from now on (a pull backend that lost track: perf's ring found
+    /// nearly full, a lost record, a call's end seen without its start): begin, invalidate all,
+    /// end. Regions stay registered and re-arm on read.
     fn invalidate_all(&self);
 
     /// An invalidation of `[start, end)` is announced and not yet done (called between

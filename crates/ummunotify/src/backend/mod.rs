@@ -54,20 +54,23 @@
 //!   the last value it delivered (one load when nothing changed) and delivers the moved words.
 //!   The programs on the `sys_exit_*` tracepoints bump again for ranges watched while the call
 //!   ran, so a registration inside a call's window never stays valid (the window's end).
+//! * **perf** ([`perf`]): the kernel writes a record of each traced syscall's entry (and exit)
+//!   into the per-CPU rings in the calling thread, before the syscall returns; the probe loads
+//!   each ring's head (N loads when nothing changed), applies new records through the sink
+//!   (an entry opens a window, the exit closes it) and calls
+//!   [`Sink::invalidate_all`](crate::sink::Sink::invalidate_all) for a ring found nearly full.
+//! * **kernel** ([`kernel`]): this project's `/dev/ummunotify` module bumps its mapped counter
+//!   and queues the event from its MMU notifier, in the invalidating thread; the probe loads
+//!   that counter and, when it moved, reads the module's events into the sink. Every watch is a
+//!   module region, which the module itself invalidates at `invalidate_range_end` if it was
+//!   registered while an invalidation was in progress: no window in the core.
+//! * **hybrid** (`hybrid`): the hooks' rule for libc calls (whose hook also removes the
+//!   userfaultfd watch, so the kernel sends nothing), the busy protocol for the rest.
 //!
 //! # Adding a backend
 //! One module (`backend/NAME/`) with a type implementing [`Watcher`], one [`Backend`] variant
-//! and its arm in [`open`], [`Backend::name`]/[`from_name`](Backend::from_name) and [`probe`].
-//! Shapes the seam provides for the ones planned:
-//! * a **perf tracepoint** backend records unmaps in per-CPU rings: it returns a
-//!   [`Probe`](crate::sink::Probe) from [`Watcher::probe`] whose `pull` loads each ring's head
-//!   (N loads when nothing changed), applies new records through the sink, and calls
-//!   [`Sink::invalidate_all`](crate::sink::Sink::invalidate_all) for a ring found nearly full;
-//! * an **eBPF** backend whose program bumps a counter (or per-region words) in a mapped array:
-//!   its probe compares that word with the last value it delivered;
-//! * a **`/dev/ummunotify` kernel-module** backend: the module's mapped counter is the probe's
-//!   word; its `invalidate_range_start`/`_end` are [`Sink::window_open`](crate::sink::Sink::window_open)
-//!   / [`window_close`](crate::sink::Sink::window_close).
+//! and its arm in [`open`], [`Backend::name`]/[`c_name`](Backend::c_name)/
+//! [`from_name`](Backend::from_name) and [`probe`].
 //!
 //! With a probe, the notifier's counter carries [`crate::generation::PULL`] and every check
 //! pulls first; without one the fast path stays one load and one compare.
@@ -232,8 +235,8 @@ pub(crate) trait Watcher: Send + Sync {
         None
     }
 
-    /// Starts delivering into `sink`; returns once delivery runs (a monitor thread has made
-    /// every mapping it will ever make, see `uffd::monitor::spawn`).
+    /// Starts delivering into `sink`; returns once delivery runs (a delivery thread has made
+    /// every mapping it will ever make, see `backend::thread::EventThread::spawn`).
     ///
     /// # Errors
     /// Why delivery can not start (for example, no thread could be spawned).
