@@ -13,6 +13,9 @@
 //! * `register_unregister` — one page vs mlock + munlock;
 //! * `munmap_registered_4k` / `madvise_registered_4k` — vs the same call on an unregistered
 //!   page, back to back (interleaved) and `_cold` (after 2 ms idle each);
+//! * `libc_munmap_unregistered_4k` / `libc_madvise_unregistered_4k` — libc's call on an
+//!   unregistered page vs the raw syscall on another (interleaved): what a backend's hooks add to
+//!   every libc call, registered or not (issue 11's +30 ns; about 1.0 where nothing is hooked);
 //! * `getpid_other_process` — a getpid loop in *another* process while the backend is active vs
 //!   while it is not (paired, alternating): the tax on what is not registered at all;
 //! * `memory_per_region` (bytes) — RSS growth per registered one-page region (100,000 of them)
@@ -53,6 +56,8 @@ pub const ROWS: &[&str] = &[
     "munmap_registered_4k_cold",
     "madvise_registered_4k",
     "madvise_registered_4k_cold",
+    "libc_munmap_unregistered_4k",
+    "libc_madvise_unregistered_4k",
     "getpid_other_process",
     "memory_per_region",
     "storm_100k_munmap",
@@ -197,6 +202,23 @@ pub fn getpid_main(n: u64) {
 
 const PG: usize = 4096;
 
+/// A page that is a VMA of its own (a hole above it, and below it once the next one is made):
+/// so the rows that compare munmaps of two pages compare the same kernel work (removing a whole
+/// VMA) and differ only in what the backend adds, not in whether the kernel had to split or
+/// trim a VMA that neighbouring pages share.
+fn lone_page() -> usize {
+    let p = map(2 * PG);
+    unmap(p + PG, PG);
+    p
+}
+
+/// The raw syscall on a benchmark page (bypassing libc, and so any hooks): `munmap(a, PG)` or
+/// `madvise(a, PG, advice)`.
+fn raw(nr: libc::c_long, a: usize, advice: libc::c_int) {
+    // SAFETY: munmap/madvise of a benchmark-owned page.
+    unsafe { libc::syscall(nr, a, PG, advice) };
+}
+
 fn dontneed(a: usize, len: usize) {
     // SAFETY: benchmark-owned memory.
     unsafe { libc::madvise(a as *mut _, len, libc::MADV_DONTNEED) };
@@ -304,13 +326,16 @@ fn measure(name: &str, backend: Backend, quick: bool) -> Result<Vec<Row>, String
     row("register_unregister", r, "mlock_munlock", m, "ns");
     unmap(p, PG);
 
-    // munmap / madvise of a registered page vs an unregistered one, back to back and cold.
+    // munmap / madvise of a registered page vs an unregistered one, back to back and cold; and
+    // (back to back only) the raw syscall on a third page. Each page is a VMA of its own.
     let mut t = [(); 8].map(|_| Vec::new());
+    let (mut raw_madvise, mut raw_munmap) = (Vec::new(), Vec::new());
     for i in 0..cycles {
         let cold = i % 8 == 0;
-        let (a, b) = (map(PG), map(PG));
+        let (a, b, w) = (lone_page(), lone_page(), lone_page());
         touch(a, PG);
         touch(b, PG);
+        touch(w, PG);
         cookie += 1;
         n.register(a..a + PG, Cookie(cookie)).map_err(e)?;
         let k = if cold { 4 } else { 0 };
@@ -322,6 +347,9 @@ fn measure(name: &str, backend: Backend, quick: bool) -> Result<Vec<Row>, String
             std::thread::sleep(Duration::from_millis(2));
         }
         t[k + 1].push(ns(|| dontneed(b, PG)));
+        if !cold {
+            raw_madvise.push(ns(|| raw(libc::SYS_madvise, w, libc::MADV_DONTNEED)));
+        }
         n.unregister(Cookie(cookie)).map_err(e)?;
         touch(a, PG);
         cookie += 1;
@@ -334,6 +362,11 @@ fn measure(name: &str, backend: Backend, quick: bool) -> Result<Vec<Row>, String
             std::thread::sleep(Duration::from_millis(2));
         }
         t[k + 3].push(ns(|| unmap(b, PG)));
+        if cold {
+            unmap(w, PG);
+        } else {
+            raw_munmap.push(ns(|| raw(libc::SYS_munmap, w, 0)));
+        }
         n.unregister(Cookie(cookie)).map_err(e)?;
     }
     let [dr, du, mr, mu, cdr, cdu, cmr, cmu] = t.map(median);
@@ -363,6 +396,20 @@ fn measure(name: &str, backend: Backend, quick: bool) -> Result<Vec<Row>, String
         cdr,
         "madvise_unregistered_4k_cold",
         cdu,
+        "ns",
+    );
+    row(
+        "libc_munmap_unregistered_4k",
+        mu,
+        "raw_syscall_munmap_4k",
+        median(raw_munmap),
+        "ns",
+    );
+    row(
+        "libc_madvise_unregistered_4k",
+        du,
+        "raw_syscall_madvise_4k",
+        median(raw_madvise),
         "ns",
     );
 

@@ -15,7 +15,7 @@ use ummunotify_testkit::changes::json_string;
 
 use ummunotify::cache::{Cache, Config};
 use ummunotify::registrar::{MlockRegistrar, NoopRegistrar, Registrar};
-use ummunotify::{Backend, Cookie, Notifier};
+use ummunotify::{Cookie, Notifier};
 
 /// One result row.
 #[derive(Debug, Clone)]
@@ -390,180 +390,14 @@ pub fn run(quick: bool) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
         r1k,
     ));
     rows.push(region_bytes_row);
-    // The eBPF programs (root): loaded and detached twice, before the hooks patch libc.
+    // The eBPF programs (root): loaded and detached twice.
     match crate::bench_ebpf::rows(2_000 / scale) {
         Ok(r) => rows.extend(r),
         Err(e) => eprintln!("umn bench: no ebpf rows: {e}"),
     }
-    // Last: installing the hooks patches libc for the rest of this process.
-    match Notifier::with_backend(Backend::Hooks) {
-        Ok(n) => rows.extend(backend_rows(&n, "hooks", 5_000 / scale)?),
-        Err(e) => eprintln!("umn bench: no hooks rows: {e}"),
-    }
-    // The same rows per backend, each in a fresh process (hybrid must not share its context
-    // with this process's plain userfaultfd notifiers, which keep the hooks from removing
-    // watches; userfaultfd must run with libc unpatched).
-    for b in [Backend::Userfaultfd, Backend::Hybrid] {
-        match backend_rows_in_child(b, quick) {
-            Ok(r) => rows.extend(r),
-            Err(e) => eprintln!("umn bench: no {b} rows: {e}"),
-        }
-    }
+    // Each backend's munmap/madvise rows (registered vs unregistered, libc vs raw syscall):
+    // `umn bench --backends`, every backend in a process of its own.
     Ok(rows)
-}
-
-/// The hidden subcommand that prints one backend's rows for [`backend_rows_in_child`].
-pub const CHILD_SUBCOMMAND: &str = "__bench-rows";
-
-/// The child side: `backend`'s rows, one per line, tab-separated.
-pub fn child_main(backend: &str, quick: bool) -> Result<(), Box<dyn std::error::Error>> {
-    let b = Backend::from_name(backend).ok_or("unknown backend")?;
-    let n = Notifier::with_backend(b)?;
-    let cycles = if quick { 500 } else { 5_000 };
-    for r in backend_rows(&n, b.name(), cycles)? {
-        println!(
-            "{}\t{}\t{}\t{}",
-            r.name, r.ns_per_op, r.baseline_name, r.baseline
-        );
-    }
-    Ok(())
-}
-
-fn backend_rows_in_child(b: Backend, quick: bool) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
-    let mut cmd = std::process::Command::new(std::env::current_exe()?);
-    cmd.args([CHILD_SUBCOMMAND, b.name()]);
-    if quick {
-        cmd.arg("--quick");
-    }
-    let out = cmd.output()?;
-    if !out.status.success() {
-        return Err(String::from_utf8_lossy(&out.stderr).into_owned().into());
-    }
-    let leak = |s: &str| -> &'static str { Box::leak(s.to_owned().into_boxed_str()) };
-    let mut rows = Vec::new();
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let f: Vec<&str> = line.split('\t').collect();
-        if let [name, ns, base_name, base] = f[..] {
-            rows.push(row(leak(name), ns.parse()?, leak(base_name), base.parse()?));
-        }
-    }
-    Ok(rows)
-}
-
-/// The raw syscall, bypassing libc (and so the hooks).
-fn raw(nr: libc::c_long, a: usize, len: usize, advice: libc::c_int) {
-    // SAFETY: munmap/madvise of a benchmark-owned page.
-    unsafe { libc::syscall(nr, a, len, advice) };
-}
-
-/// On `n`'s backend (rows named `{prefix}_...`), one run, interleaved call by call: libc munmap
-/// and madvise(DONTNEED) of a registered 4 KiB page, of an unregistered one, and the raw
-/// syscall; and munmap and madvise after 2 ms idle, registered vs unregistered.
-fn backend_rows(
-    n: &Notifier,
-    prefix: &str,
-    cycles: usize,
-) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
-    let name = |s: &str| -> &'static str { Box::leak(format!("{prefix}_{s}").into_boxed_str()) };
-    let pg = page();
-    let mut t = [(); 6].map(|_| Vec::with_capacity(cycles));
-    let time = |v: &mut Vec<f64>, f: &mut dyn FnMut()| {
-        let t = Instant::now();
-        f();
-        v.push(t.elapsed().as_nanos() as f64);
-    };
-    let mut cookie = 1 << 50;
-    for _ in 0..cycles {
-        let (r, u, w) = (map(pg, 0), map(pg, 0), map(pg, 0));
-        touch(r, pg);
-        touch(u, pg);
-        touch(w, pg);
-        cookie += 1;
-        n.register(r..r + pg, Cookie(cookie))?;
-        let dontneed = libc::MADV_DONTNEED;
-        // SAFETY (all three closures below): benchmark-owned pages.
-        time(&mut t[0], &mut || unsafe {
-            libc::madvise(r as *mut _, pg, dontneed);
-        });
-        time(&mut t[1], &mut || unsafe {
-            libc::madvise(u as *mut _, pg, dontneed);
-        });
-        time(&mut t[2], &mut || raw(libc::SYS_madvise, w, pg, dontneed));
-        n.unregister(Cookie(cookie))?;
-        touch(r, pg);
-        cookie += 1;
-        n.register(r..r + pg, Cookie(cookie))?;
-        time(&mut t[3], &mut || unmap(r, pg));
-        time(&mut t[4], &mut || unmap(u, pg));
-        time(&mut t[5], &mut || raw(libc::SYS_munmap, w, pg, 0));
-        n.unregister(Cookie(cookie))?;
-    }
-    let [dr, du, dw, mr, mu, mw] = t.map(median);
-    // Cold: each call after 2 ms of sleep (the CPU idle), registered and unregistered alternately.
-    let (mut cr, mut cu, mut dcr, mut dcu) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..(cycles / 16).max(10) {
-        let (r, u) = (map(pg, 0), map(pg, 0));
-        touch(r, pg);
-        touch(u, pg);
-        cookie += 1;
-        n.register(r..r + pg, Cookie(cookie))?;
-        std::thread::sleep(std::time::Duration::from_millis(2));
-        // SAFETY (both madvise closures): benchmark-owned pages.
-        time(&mut dcr, &mut || unsafe {
-            libc::madvise(r as *mut _, pg, libc::MADV_DONTNEED);
-        });
-        std::thread::sleep(std::time::Duration::from_millis(2));
-        time(&mut dcu, &mut || unsafe {
-            libc::madvise(u as *mut _, pg, libc::MADV_DONTNEED);
-        });
-        n.unregister(Cookie(cookie))?;
-        touch(r, pg);
-        cookie += 1;
-        n.register(r..r + pg, Cookie(cookie))?;
-        std::thread::sleep(std::time::Duration::from_millis(2));
-        time(&mut cr, &mut || unmap(r, pg));
-        std::thread::sleep(std::time::Duration::from_millis(2));
-        time(&mut cu, &mut || unmap(u, pg));
-        n.unregister(Cookie(cookie))?;
-    }
-    Ok(vec![
-        row(
-            name("munmap_registered_4k_cold"),
-            median(cr),
-            name("munmap_unregistered_4k_cold"),
-            median(cu),
-        ),
-        row(
-            name("madvise_registered_4k_cold"),
-            median(dcr),
-            name("madvise_unregistered_4k_cold"),
-            median(dcu),
-        ),
-        row(
-            name("munmap_registered_4k"),
-            mr,
-            name("munmap_unregistered_4k"),
-            mu,
-        ),
-        row(
-            name("madvise_registered_4k"),
-            dr,
-            name("madvise_unregistered_4k"),
-            du,
-        ),
-        row(
-            name("munmap_unregistered_4k"),
-            mu,
-            "raw_syscall_munmap_4k",
-            mw,
-        ),
-        row(
-            name("madvise_unregistered_4k"),
-            du,
-            "raw_syscall_madvise_4k",
-            dw,
-        ),
-    ])
 }
 
 /// ns per hit (aggregate over `threads` threads hitting the same region, `ops` hits each).

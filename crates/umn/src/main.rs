@@ -39,7 +39,8 @@ commands:
                      in the same process just before (TSC ticks; for the guest of kernel/ci.sh)
   bench [--json] [--ebpf]
                      cache and notifier costs as ratios to baselines measured in the same run
-                     (build with --release); --ebpf: only the eBPF backend's rows (root)
+                     (build with --release); --ebpf: only the eBPF backend's rows (root); each
+                     backend's munmap/madvise costs: bench --backends
   bench --backends [--json] [--svg FILE]
                      every backend that starts here (and UCX 1.22's hooks + rcache) side by
                      side, each against its own baselines, in one run; --svg writes the plot
@@ -236,15 +237,6 @@ fn main() -> ExitCode {
                 }
                 Err(e) => {
                     eprintln!("umn bench: {e}");
-                    ExitCode::FAILURE
-                }
-            }
-        }
-        [bench::CHILD_SUBCOMMAND, backend, rest @ ..] => {
-            match bench::child_main(backend, rest.contains(&"--quick")) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("umn bench ({backend}): {e}");
                     ExitCode::FAILURE
                 }
             }

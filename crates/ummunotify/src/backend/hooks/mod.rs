@@ -60,7 +60,8 @@
 //! # Cost
 //! Installing is permanent. From then on every hooked libc call pays the stub, a sharded call
 //! counter and the filter's loads (tens of ns); one on watched pages also two `rt_sigprocmask`
-//! calls and the index lock twice (no `getpid`: see "Fork") (`umn bench`: about 1.5× an unregistered munmap).
+//! calls and the index lock twice (no `getpid`: see "Fork") (`umn bench --backends`: about 1.5× an
+//! unregistered munmap).
 #![allow(unsafe_code)] // The sink table hands raw pointers to hooks.
 
 #[cfg(target_arch = "x86_64")]
