@@ -69,6 +69,39 @@ impl Row {
     }
 }
 
+/// What a run means, counted once for the table's closing lines and the JSON's `"summary"`.
+struct Summary<'a> {
+    /// Kinds this backend is expected to see.
+    expected: usize,
+    /// Of those, detected with no stale use (and no problem).
+    detected: usize,
+    failed: Vec<&'a str>,
+    inconclusive: Vec<&'a str>,
+    /// Kinds this backend can not see, missed as the catalogue says (they stay in the table).
+    missed_as_expected: Vec<&'a str>,
+}
+
+impl<'a> Summary<'a> {
+    fn of(rows: &'a [Row]) -> Summary<'a> {
+        let names = |f: &dyn Fn(&Row) -> bool| -> Vec<&'a str> {
+            rows.iter()
+                .filter(|r| f(r))
+                .map(|r| r.kind.name())
+                .collect()
+        };
+        Summary {
+            expected: rows.iter().filter(|r| r.report.expected).count(),
+            detected: rows
+                .iter()
+                .filter(|r| r.report.expected && !r.failed() && !r.inconclusive())
+                .count(),
+            failed: names(&|r| r.failed()),
+            inconclusive: names(&|r| r.inconclusive()),
+            missed_as_expected: names(&|r| !r.report.expected && r.detected() == Some(false)),
+        }
+    }
+}
+
 /// The exit status `umn coverage` gives for `rows` and the `remove-race` row: 0 when every case
 /// ran and every expected kind was detected with no stale use, 1 for a miss, a stale use or a
 /// problem, 3 when nothing failed but some case was inconclusive (the run says nothing about it:
@@ -117,16 +150,32 @@ pub fn run_all(exe: &std::path::Path, backend: Backend) -> Vec<Row> {
 
 /// The `--json` form: `{"backend": ..., "cases": [{"kind", "detected", "expected", "stale_uses",
 /// "inconclusive", "problems", ...}], "remove_race": {"verdict", "stale", "removes_by_grace",
-/// "kinds": [...], ...}}`: each case is the testkit's report
-/// (`ummunotify_testkit::changes::case_json`), `detected` `null` for an inconclusive one; the
-/// last object is the `remove-race` row ([`RaceRow::to_json`]).
+/// "kinds": [...], ...}, "summary": {"exit_status", "expected", "detected", "failed",
+/// "inconclusive", "missed_as_expected"}}`: each case is the testkit's report
+/// (`ummunotify_testkit::changes::case_json`), `detected` `null` for an inconclusive one; then
+/// the `remove-race` row ([`RaceRow::to_json`]); then what the run means, as the table's closing
+/// lines say it: a kind in `missed_as_expected` (with its stale uses) is one this backend can not
+/// see, kept in the table, not a failure of the run.
 pub fn to_json(backend: &str, rows: &[Row], race: &RaceRow) -> String {
     let cases: Vec<String> = rows.iter().map(|r| case_json(&r.report)).collect();
+    let sum = Summary::of(rows);
+    let list = |v: &[&str]| {
+        let items: Vec<String> = v.iter().map(|k| json_string(k)).collect();
+        format!("[{}]", items.join(","))
+    };
     format!(
-        "{{\"backend\":{},\"cases\":[{}],\"remove_race\":{}}}",
+        "{{\"backend\":{},\"cases\":[{}],\"remove_race\":{},\"summary\":{{\"exit_status\":{},\
+         \"expected\":{},\"detected\":{},\"failed\":{},\"inconclusive\":{},\
+         \"missed_as_expected\":{}}}}}",
         json_string(backend),
         cases.join(","),
-        race.to_json()
+        race.to_json(),
+        exit_status(rows, race),
+        sum.expected,
+        sum.detected,
+        list(&sum.failed),
+        list(&sum.inconclusive),
+        list(&sum.missed_as_expected)
     )
 }
 
@@ -160,20 +209,14 @@ pub fn to_table(backend: &str, rows: &[Row], race: &RaceRow) -> String {
         ));
     }
     out.push_str(&race.to_table());
-    let missed: Vec<&str> = rows
-        .iter()
-        .filter(|r| !r.report.expected && r.detected() == Some(false))
-        .map(|r| r.kind.name())
-        .collect();
-    let inconclusive = rows.iter().filter(|r| r.inconclusive()).count();
-    let failed = rows.iter().filter(|r| r.failed()).count();
+    let sum = Summary::of(rows);
     out.push_str(&format!(
         "\n{} of {} kinds this backend is expected to see: detected with no stale use; \
-         {failed} failed; {inconclusive} inconclusive (could not run: not a verdict).\n",
-        rows.iter()
-            .filter(|r| r.report.expected && !r.failed() && !r.inconclusive())
-            .count(),
-        rows.iter().filter(|r| r.report.expected).count(),
+         {} failed; {} inconclusive (could not run: not a verdict).\n",
+        sum.detected,
+        sum.expected,
+        sum.failed.len(),
+        sum.inconclusive.len(),
     ));
     out.push_str(&format!(
         "madvise REMOVE racing a registration ({}): {}; {} stale use(s), {} REMOVE(s) settled \
@@ -183,10 +226,10 @@ pub fn to_table(backend: &str, rows: &[Row], race: &RaceRow) -> String {
         race.stale(),
         race.kinds.iter().map(|k| k.by_grace).sum::<u64>()
     ));
-    if !missed.is_empty() {
+    if !sum.missed_as_expected.is_empty() {
         out.push_str(&format!(
             "Not seen by this backend, so a registration over such memory stays valid: {}.\n",
-            missed.join(", ")
+            sum.missed_as_expected.join(", ")
         ));
     }
     out

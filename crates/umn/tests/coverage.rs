@@ -84,7 +84,8 @@ fn judge(
 /// The `remove-race` object of the JSON (the row for a madvise REMOVE racing a registration).
 fn race_row(json: &str) -> &str {
     let at = json.find("\"remove_race\":{").expect("no remove_race row") + "\"remove_race\":".len();
-    &json[at..json.len() - 1]
+    let end = json.find(",\"summary\":{").expect("no summary");
+    &json[at..end]
 }
 
 /// A `"key":number` field of `obj` (the first one).
