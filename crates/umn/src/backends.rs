@@ -268,17 +268,7 @@ fn measure(name: &str, backend: Backend, quick: bool) -> Result<Vec<Row>, String
 
     let n = Notifier::with_backend(backend).map_err(e)?;
     // The check, against an atomic load.
-    let g = n.generation().map_err(e)?;
-    let (c, l) = paired(
-        batches,
-        per,
-        || {
-            black_box(n.unchanged_since(black_box(g)));
-        },
-        || {
-            black_box(word.load(Relaxed));
-        },
-    );
+    let (c, l) = crate::bench::check_vs_load(&n, batches, per).map_err(e)?;
     row("check", c, "atomic_load", l, "ns");
 
     // The cache hit (the cache's own notifier runs on the same backend: UMN_BACKEND).

@@ -61,6 +61,26 @@ pub(crate) fn batched(batches: usize, per: usize, mut f: impl FnMut()) -> f64 {
     median(v)
 }
 
+/// `n.unchanged_since` against an atomic load, paired batch by batch: (check ns, load ns).
+pub(crate) fn check_vs_load(
+    n: &Notifier,
+    batches: usize,
+    per: usize,
+) -> Result<(f64, f64), ummunotify::Error> {
+    let g = n.generation()?;
+    let word = AtomicU64::new(1);
+    Ok(paired(
+        batches,
+        per,
+        || {
+            black_box(n.unchanged_since(black_box(g)));
+        },
+        || {
+            black_box(word.load(Relaxed));
+        },
+    ))
+}
+
 /// Two closures measured alternately, batch by batch (so noise hits both alike).
 pub(crate) fn paired(
     batches: usize,
@@ -155,18 +175,7 @@ pub fn run(quick: bool) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
     rows.push(row("cache_hit_vs_hashmap", hit, "hashmap_lookup_1k", hash));
 
     // Counter check vs a plain load.
-    let n = cache.notifier();
-    let g = n.generation()?;
-    let (check, load2) = paired(
-        batches,
-        per,
-        || {
-            black_box(n.unchanged_since(black_box(g)));
-        },
-        || {
-            black_box(word.load(Relaxed));
-        },
-    );
+    let (check, load2) = check_vs_load(cache.notifier(), batches, per)?;
     rows.push(row("counter_check", check, "atomic_load", load2));
 
     // Two threads hitting the same region of the same cache.
