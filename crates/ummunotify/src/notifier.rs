@@ -429,7 +429,7 @@ pub struct Stats {
 /// The core's state, shared with the backend's delivery (as its [`Sink`]).
 pub(crate) struct Shared {
     counter: CounterPage,
-    ready_fd: OwnedFd,
+    ready: Readiness,
     slots: SegVec<Slot>,
     /// The event queue: which slots have a pending event (under the index lock).
     queue: QueueBits,
@@ -456,6 +456,33 @@ pub(crate) struct Shared {
     holes: AtomicUsize,
     /// The message being applied made the readiness fd readable (monitor only).
     readied_by_message: AtomicBool,
+}
+
+/// The readiness eventfd, written only once somebody can be waiting on it.
+///
+/// Until [`Notifier`]'s `as_fd` is first called nobody can poll the fd, so the event path skips
+/// the eventfd write (a syscall in the unmapping thread on the hooks and hybrid backends) and
+/// the drains. The first `as_fd` marks it wanted under the index lock and makes it readable if
+/// the notifier is ready then; every later change writes it. All of this under the index lock.
+struct Readiness {
+    fd: OwnedFd,
+    wanted: AtomicBool,
+}
+
+impl Readiness {
+    /// Makes the fd readable (index lock held, or the notifier dead).
+    fn signal(&self) {
+        if self.wanted.load(Relaxed) {
+            sys::eventfd_signal(self.fd.as_fd());
+        }
+    }
+
+    /// Makes the fd not readable (index lock held).
+    fn drain(&self) {
+        if self.wanted.load(Relaxed) {
+            sys::eventfd_drain(self.fd.as_fd());
+        }
+    }
 }
 
 /// Proof that the index lock is held, and the only way to reach slot data.
@@ -640,7 +667,7 @@ impl Shared {
     fn signal_ready(&self, l: &mut Locked<'_>) {
         if !l.st.ready {
             l.st.ready = true;
-            sys::eventfd_signal(self.ready_fd.as_fd());
+            self.ready.signal();
         }
     }
 
@@ -946,10 +973,13 @@ impl Notifier {
     pub(crate) fn start(watcher: Box<dyn Watcher>, backend: (Backend, String)) -> Result<Notifier> {
         let os = |op| move |source| Error::Os { op, source };
         let counter = CounterPage::new().map_err(os("memfd_create"))?;
-        let ready_fd = sys::eventfd().map_err(os("eventfd"))?;
+        let ready = Readiness {
+            fd: sys::eventfd().map_err(os("eventfd"))?,
+            wanted: AtomicBool::new(false),
+        };
         let shared = Arc::new(Shared {
             counter,
-            ready_fd,
+            ready,
             slots: SegVec::new(),
             queue: QueueBits::new(),
             index: Mutex::new(IndexState {
@@ -1582,7 +1612,7 @@ impl Notifier {
             let c = sh.counter().load(SeqCst);
             if c & generation::BUSY == 0 {
                 if l.st.ready {
-                    sys::eventfd_drain(sh.ready_fd.as_fd());
+                    sh.ready.drain();
                     l.st.ready = false;
                 }
                 // Stable too: the monitor changes it only between begin_message (which needs
@@ -1739,8 +1769,20 @@ impl AsFd for Notifier {
     /// process's one context hands every notifier every message: a notifier with regions is
     /// readable while any message is being taken, and the readiness is withdrawn again when the
     /// message hit none of its regions (a `read_events` in between finds nothing).
+    ///
+    /// The fd is kept readable from the first call of this on: until then nobody can be polling
+    /// it, and the event path makes no eventfd write for it.
     fn as_fd(&self) -> BorrowedFd<'_> {
-        self.shared.ready_fd.as_fd()
+        let sh = &*self.shared;
+        // Once wanted, always wanted. A forked child takes no lock (its copy may be held by a
+        // thread that does not exist there); its notifier is dead, and its fd readable (`kill`).
+        if !sh.ready.wanted.load(Acquire) && sh.counter().load(Acquire) & FORKED == 0 {
+            let l = sh.lock_index_blocked();
+            if !sh.ready.wanted.swap(true, Relaxed) && l.locked.st.ready {
+                sys::eventfd_signal(sh.ready.fd.as_fd());
+            }
+        }
+        sh.ready.fd.as_fd()
     }
 }
 
@@ -1843,7 +1885,7 @@ impl Sink for Shared {
         }
         let mut l = self.lock_index();
         if self.readied_by_message.load(Relaxed) && l.st.ready && l.st.queued == 0 {
-            sys::eventfd_drain(self.ready_fd.as_fd());
+            self.ready.drain();
             l.st.ready = false;
         }
         generation::cancel_message(self.counter());
@@ -1925,6 +1967,7 @@ impl Sink for Shared {
     fn kill(&self) {
         generation::kill(self.counter());
         generation::kill(self.counter.notification_word());
-        sys::eventfd_signal(self.ready_fd.as_fd());
+        // Unconditionally: a `poll` that starts later still finds it readable.
+        sys::eventfd_signal(self.ready.fd.as_fd());
     }
 }

@@ -169,6 +169,37 @@ fn fd_is_readable_as_soon_as_the_unmapping_call_returns() {
     }
 }
 
+/// The readiness fd is written only once somebody asked for it (`as_fd`): an event that came
+/// before makes it readable at the first ask, on the monitor's path (userfaultfd) and on the
+/// in-thread path (hooks, hybrid). From then on it follows the queue.
+#[test]
+fn fd_asked_for_after_the_event_is_readable_at_once() {
+    let mut backends = vec![ummunotify::Backend::Userfaultfd];
+    if cfg!(target_arch = "x86_64") {
+        backends.extend([ummunotify::Backend::Hooks, ummunotify::Backend::Hybrid]);
+    }
+    for backend in backends {
+        let n = Notifier::with_backend(backend).unwrap();
+        let p = map(2 * PAGE);
+        n.register(p..p + PAGE, Cookie(1)).unwrap();
+        n.register(p + PAGE..p + 2 * PAGE, Cookie(2)).unwrap();
+        madvise(p, PAGE, libc::MADV_DONTNEED);
+        assert!(
+            readable(n.as_fd()),
+            "{backend:?}: an event before the first as_fd left the fd unreadable"
+        );
+        assert_eq!(n.events().unwrap().len(), 1);
+        assert!(quiet(&n), "{backend:?}: readable with nothing pending");
+        // Asked for now: the next event writes it.
+        madvise(p + PAGE, PAGE, libc::MADV_DONTNEED);
+        assert!(readable(n.as_fd()), "{backend:?}: second event unseen");
+        assert_eq!(n.events().unwrap().len(), 1);
+        n.unregister(Cookie(1)).unwrap();
+        n.unregister(Cookie(2)).unwrap();
+        unmap(p, 2 * PAGE);
+    }
+}
+
 #[test]
 fn read_events_in_small_batches_reports_drained_only_at_the_end() {
     let n = notifier();
