@@ -369,25 +369,44 @@ pub unsafe extern "C" fn ummunotify_cache_get(
     len: usize,
     out: *mut ummunotify_cache_handle,
 ) -> ummunotify_result {
+    // The hit path first, outside the panic boundary: `get_cached` can not panic (nor lock,
+    // allocate or make a syscall). Everything else is out of line, so the hit pays for no
+    // more registers and stack than it uses.
+    if !out.is_null() {
+        // SAFETY: (caller) `c` is NULL or a live cache.
+        if let Some(cc) = unsafe { borrow(c) } {
+            if let Some(handle) = for_handles(cc).get_cached(addr, len) {
+                // SAFETY: (caller) `out` is writable handle storage.
+                unsafe { fill(out, handle) };
+                return UMMUNOTIFY_OK;
+            }
+        }
+    }
+    // SAFETY: the caller's contract, passed on.
+    unsafe { get_slow(c, addr, len, out) }
+}
+
+/// `ummunotify_cache_get` past its hit path.
+///
+/// # Safety
+/// As for `ummunotify_cache_get`.
+#[cold]
+#[inline(never)]
+unsafe fn get_slow(
+    c: *const ummunotify_cache,
+    addr: usize,
+    len: usize,
+    out: *mut ummunotify_cache_handle,
+) -> ummunotify_result {
     guard(UMMUNOTIFY_ERR_PANIC, || {
         let cc = cache_or_null!(c);
         if out.is_null() {
             return fail_arg(UMMUNOTIFY_ERR_NULL_ARGUMENT, "out is NULL");
         }
-        let cache: &'static Cache<CRegistrar> = {
-            let p: *const Cache<CRegistrar> = &cc.cache;
-            // SAFETY: the cache outlives every handle: `ummunotify_cache_free` refuses while any
-            // handle is alive (`Cache::handles_alive`).
-            unsafe { &*p }
-        };
-        match cache.get(addr, len) {
+        match for_handles(cc).get(addr, len) {
             Ok(handle) => {
-                // SAFETY: (caller) `out` is writable storage of 32 bytes, 8-byte aligned; the
-                // Rust handle fits in its first 24 (asserted above).
-                unsafe {
-                    out.cast::<RustHandle>().write(handle);
-                    (*out).opaque[3] = LIVE;
-                }
+                // SAFETY: (caller) `out` is writable handle storage.
+                unsafe { fill(out, handle) };
                 UMMUNOTIFY_OK
             }
             Err(e) => {
@@ -397,6 +416,28 @@ pub unsafe extern "C" fn ummunotify_cache_get(
             }
         }
     })
+}
+
+/// The cache, for as long as any handle lives.
+#[inline(always)]
+fn for_handles(cc: &CCache) -> &'static Cache<CRegistrar> {
+    let p: *const Cache<CRegistrar> = &cc.cache;
+    // SAFETY: the cache outlives every handle: `ummunotify_cache_free` refuses while any
+    // handle is alive (`Cache::handles_alive`).
+    unsafe { &*p }
+}
+
+/// Fills `out` with a live handle.
+///
+/// # Safety
+/// `out` is writable storage of 32 bytes, 8-byte aligned.
+#[inline(always)]
+unsafe fn fill(out: *mut ummunotify_cache_handle, handle: RustHandle) {
+    // SAFETY: (caller) writable; the Rust handle fits in its first 24 bytes (asserted above).
+    unsafe {
+        out.cast::<RustHandle>().write(handle);
+        (*out).opaque[3] = LIVE;
+    }
 }
 
 /// # Safety

@@ -259,22 +259,23 @@ unsafe impl<R: Registrar> Sync for Cache<R> where R::Key: Send + Sync {}
 #[repr(align(128))]
 struct Padded<T>(T);
 
-/// How a handle keeps its entry alive.
-enum Hold<'c> {
-    Hazard(&'c AtomicPtr<()>),
-    Shared,
-}
-
 /// A use of a cached registration; dropping it releases the use.
 ///
 /// While a handle exists its registration stays registered, even if the region is invalidated or
 /// evicted meanwhile (the device may still be using it). [`is_valid`](Self::is_valid) says whether
 /// the memory still is what was registered.
 pub struct Handle<'c, R: Registrar> {
+    /// How the handle keeps its entry alive, in one word: the address of the hazard slot that
+    /// names the entry (bit 0 clear), or the entry's own address with bit 0 set when the handle
+    /// holds it through the entry's shared count. Two words in all, so that moving a handle out
+    /// of a `Result` is two plain moves (a wider handle was copied with a 16-byte load spanning
+    /// two 8-byte stores, which stalls store forwarding: most of a hit's cost).
+    hold: NonNull<()>,
     cache: &'c Cache<R>,
-    entry: NonNull<Entry<R::Key>>,
-    hold: Hold<'c>,
 }
+
+/// Bit 0 of [`Handle::hold`]: held through the entry's shared count.
+const SHARED_HOLD: usize = 1;
 
 // SAFETY: a handle is a shared reference to an entry (kept alive by its hazard or shared hold)
 // plus atomics; `R::Key: Send + Sync` by the `Registrar` contract.
@@ -282,11 +283,42 @@ unsafe impl<R: Registrar> Send for Handle<'_, R> {}
 // SAFETY: as above; every method takes `&self` and only reads.
 unsafe impl<R: Registrar> Sync for Handle<'_, R> {}
 
-impl<R: Registrar> Handle<'_, R> {
+impl<'c, R: Registrar> Handle<'c, R> {
+    /// A handle held by `hazard` (which names the entry).
+    #[inline(always)]
+    fn by_hazard(cache: &'c Cache<R>, hazard: &'c AtomicPtr<()>) -> Self {
+        Handle {
+            hold: NonNull::from(hazard).cast(),
+            cache,
+        }
+    }
+
+    /// A handle held through `entry`'s shared count (already raised).
+    fn by_shared_count(cache: &'c Cache<R>, entry: *const Entry<R::Key>) -> Self {
+        let tagged = (entry as usize | SHARED_HOLD) as *mut ();
+        Handle {
+            // An Arc's pointer, tagged: never null.
+            hold: NonNull::new(tagged).expect("entry pointer is never null"),
+            cache,
+        }
+    }
+
+    fn entry_ptr(&self) -> *const Entry<R::Key> {
+        let w = self.hold.as_ptr() as usize;
+        if w & SHARED_HOLD != 0 {
+            (w & !SHARED_HOLD) as *const Entry<R::Key>
+        } else {
+            // SAFETY: an untagged hold is the address of a hazard slot of the cache's thread
+            // slots (alive as long as the cache); it names this handle's entry until the handle
+            // clears it in `drop` (only the slot's owner sets it, and only while it is null).
+            unsafe { (*self.hold.as_ptr().cast::<AtomicPtr<()>>()).load(Relaxed) }.cast()
+        }
+    }
+
     fn entry(&self) -> &Entry<R::Key> {
         // SAFETY: the entry is freed only after no hazard slot and no shared hold names it (see
         // `Cache::reclaim`); this handle's hold is one of those until it drops.
-        unsafe { self.entry.as_ref() }
+        unsafe { &*self.entry_ptr() }
     }
 
     /// The device key of the registration (io_uring: the fixed-buffer slot).
@@ -309,13 +341,14 @@ impl<R: Registrar> Handle<'_, R> {
 
 impl<R: Registrar> Drop for Handle<'_, R> {
     fn drop(&mut self) {
-        match self.hold {
-            // Release: every use of the registration happens before the reclaimer (which loads
-            // hazards with Acquire) deregisters it.
-            Hold::Hazard(h) => h.store(std::ptr::null_mut(), Release),
-            Hold::Shared => {
-                self.entry().shared_holds.fetch_sub(1, Release);
-            }
+        // Release: every use of the registration happens before the reclaimer (which loads
+        // hazards and shared counts with Acquire) deregisters it.
+        if self.hold.as_ptr() as usize & SHARED_HOLD != 0 {
+            self.entry().shared_holds.fetch_sub(1, Release);
+        } else {
+            // SAFETY: an untagged hold is a hazard slot of the cache (see `entry_ptr`).
+            unsafe { &*self.hold.as_ptr().cast::<AtomicPtr<()>>() }
+                .store(std::ptr::null_mut(), Release);
         }
     }
 }
@@ -419,7 +452,7 @@ impl<R: Registrar> Cache<R> {
     /// [`Error::Notifier`] for a bad range (empty, wrapping, unmapped) or a dead notifier,
     /// [`Error::Register`] if the registrar refused, [`Error::Unstable`] if the memory kept
     /// changing during the miss.
-    #[inline]
+    #[inline(always)]
     pub fn get(&self, addr: usize, len: usize) -> Result<Handle<'_, R>, Error> {
         if let Some(end) = addr.checked_add(len).filter(|_| len != 0) {
             if let Some(h) = self.get_fast(addr, end) {
@@ -427,6 +460,22 @@ impl<R: Registrar> Cache<R> {
             }
         }
         self.get_slow(addr, len)
+    }
+
+    /// The hit path alone: a registration covering `[addr, addr + len)` that this thread found
+    /// recently and that is still valid, or `None` — which does *not* mean "not cached" (call
+    /// [`get`](Self::get)). No lock, no syscall, no allocation, and it can not panic, so the C
+    /// library calls it outside its panic boundary. On a pull backend (perf, eBPF) it always
+    /// returns `None`: their check runs a probe first, which is `get`'s business.
+    #[doc(hidden)]
+    #[inline(always)]
+    pub fn get_cached(&self, addr: usize, len: usize) -> Option<Handle<'_, R>> {
+        let end = addr.checked_add(len).filter(|_| len != 0)?;
+        // SAFETY: as in `get_fast`.
+        if unsafe { self.counter.as_ref() }.load(Relaxed) & crate::generation::PULL != 0 {
+            return None;
+        }
+        self.get_fast(addr, end)
     }
 
     /// The hit path: MRU, hazard, fence, two loads.
@@ -452,14 +501,10 @@ impl<R: Registrar> Cache<R> {
         }
         if c == o.gen && self.epoch.0.load(Acquire) == o.epoch {
             slot.count_hit();
-            let entry = NonNull::new(entry.cast_mut().cast::<Entry<R::Key>>())?;
-            let handle = Handle {
-                cache: self,
-                entry,
-                hold: Hold::Hazard(hazard),
-            };
-            handle.entry().touch();
-            return Some(handle);
+            // SAFETY: `entry` is the live entry of this MRU line, now held by `hazard` (and the
+            // epoch check above says it was not retired before the hazard was published).
+            unsafe { &*entry.cast::<Entry<R::Key>>() }.touch();
+            return Some(Handle::by_hazard(self, hazard));
         }
         hazard.store(std::ptr::null_mut(), Relaxed);
         None
@@ -512,7 +557,7 @@ impl<R: Registrar> Cache<R> {
                             o.insert(Mru {
                                 start: handle.entry().start,
                                 end: handle.entry().end,
-                                entry: handle.entry.as_ptr().cast_const().cast(),
+                                entry: handle.entry_ptr().cast(),
                                 token: handle.entry().token,
                             });
                         }
@@ -537,18 +582,12 @@ impl<R: Registrar> Cache<R> {
             let o = unsafe { s.owned() };
             s.publish(o, ptr.cast())
         });
-        let hold = match hazard {
-            Some(h) => Hold::Hazard(h),
+        match hazard {
+            Some(h) => Handle::by_hazard(self, h),
             None => {
                 e.shared_holds.fetch_add(1, SeqCst);
-                Hold::Shared
+                Handle::by_shared_count(self, ptr)
             }
-        };
-        Handle {
-            cache: self,
-            // `ptr` comes from an Arc: never null.
-            entry: NonNull::new(ptr.cast_mut()).expect("Arc pointer is never null"),
-            hold,
         }
     }
 
