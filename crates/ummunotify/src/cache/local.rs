@@ -13,8 +13,10 @@ use crate::Region;
 /// Hazard slots per thread: handles a thread can hold at once before falling back to a shared
 /// count on the entry.
 pub(super) const HAZARDS: usize = 8;
+const _: () = assert!(HAZARDS.is_power_of_two());
 /// Entries remembered per thread.
 pub(super) const MRU: usize = 4;
+const _: () = assert!(MRU.is_power_of_two());
 
 /// An MRU line: enough to decide a hit without touching the entry.
 #[derive(Clone, Copy)]
@@ -62,11 +64,17 @@ impl Owned {
 
     #[inline(always)]
     pub(super) fn find(&mut self, start: usize, end: usize) -> Option<*const ()> {
-        let m = &self.mru[self.last];
-        if m.start <= start && end <= m.end {
-            return Some(m.entry);
-        }
-        self.find_other(start, end)
+        self.find_last(start, end)
+            .or_else(|| self.find_other(start, end))
+    }
+
+    /// The line that hit last, if it covers the range.
+    #[inline(always)]
+    pub(super) fn find_last(&self, start: usize, end: usize) -> Option<*const ()> {
+        // Masked rather than bounds-checked (it is always in range): a panic branch on the hit
+        // path makes it save registers for the call.
+        let m = &self.mru[self.last & (MRU - 1)];
+        (m.start <= start && end <= m.end).then_some(m.entry)
     }
 
     fn find_other(&mut self, start: usize, end: usize) -> Option<*const ()> {
@@ -144,7 +152,7 @@ impl ThreadSlot {
     /// Publishes `entry` in a free hazard slot (owner only; see `owned`'s contract for `o`).
     #[inline(always)]
     pub(super) fn publish(&self, o: &mut Owned, entry: *const ()) -> Option<&AtomicPtr<()>> {
-        let h = &self.hazards[o.hint];
+        let h = &self.hazards[o.hint & (HAZARDS - 1)];
         if h.load(Relaxed).is_null() {
             h.store(entry.cast_mut(), Relaxed);
             return Some(h);

@@ -73,6 +73,12 @@ use entry::Entry;
 use local::{Mru, ThreadSlot};
 use lookup::Lookup;
 
+/// `get_fast` in full: every MRU line, and a pull backend's probe.
+const FULL: bool = true;
+/// `get_fast` as a leaf (no call, so no register saved on a hit): the line that hit last only,
+/// and a miss on a pull backend.
+const LEAF: bool = false;
+
 /// Cookies of the cache's own notifier regions have this bit set.
 pub const CACHE_COOKIE_BIT: u64 = 1 << 63;
 
@@ -455,7 +461,7 @@ impl<R: Registrar> Cache<R> {
     #[inline(always)]
     pub fn get(&self, addr: usize, len: usize) -> Result<Handle<'_, R>, Error> {
         if let Some(end) = addr.checked_add(len).filter(|_| len != 0) {
-            if let Some(h) = self.get_fast(addr, end) {
+            if let Some(h) = self.get_fast::<FULL>(addr, end) {
                 return Ok(h);
             }
         }
@@ -471,23 +477,23 @@ impl<R: Registrar> Cache<R> {
     #[inline(always)]
     pub fn get_cached(&self, addr: usize, len: usize) -> Option<Handle<'_, R>> {
         let end = addr.checked_add(len).filter(|_| len != 0)?;
-        // SAFETY: as in `get_fast`.
-        if unsafe { self.counter.as_ref() }.load(Relaxed) & crate::generation::PULL != 0 {
-            return None;
-        }
-        self.get_fast(addr, end)
+        self.get_fast::<LEAF>(addr, end)
     }
 
     /// The hit path: MRU, hazard, fence, two loads.
     #[inline(always)]
-    fn get_fast(&self, start: usize, end: usize) -> Option<Handle<'_, R>> {
+    fn get_fast<const MODE: bool>(&self, start: usize, end: usize) -> Option<Handle<'_, R>> {
         let slot = local::current(self.id)?;
         // SAFETY: `current` returned the slot this thread claimed for this cache; it is kept
         // alive by `self.threads` (and the thread's claim) for as long as `self` lives.
         let slot: &ThreadSlot = unsafe { &*slot };
         // SAFETY: this thread owns the slot; `o` is the only reference to its state right now.
         let o = unsafe { slot.owned() };
-        let entry = o.find(start, end)?;
+        let entry = if MODE == FULL {
+            o.find(start, end)?
+        } else {
+            o.find_last(start, end)?
+        };
         let hazard = slot.publish(o, entry)?;
         fence::light();
         // SAFETY: `counter` points into the notifier's counter page, mapped for as long as
@@ -497,7 +503,11 @@ impl<R: Registrar> Cache<R> {
         // first: `generation::PULL`).
         let mut c = counter.load(Acquire);
         if c & crate::generation::PULL != 0 {
-            c = self.notifier.refreshed_counter();
+            if MODE == LEAF {
+                c = !o.gen; // the probe is `get`'s business: a miss here
+            } else {
+                c = self.notifier.refreshed_counter();
+            }
         }
         if c == o.gen && self.epoch.0.load(Acquire) == o.epoch {
             slot.count_hit();
@@ -537,7 +547,7 @@ impl<R: Registrar> Cache<R> {
                 o.retain(|token| self.notifier.is_valid(token));
             }
             o.gen = gen.0;
-            if let Some(h) = self.get_fast(addr, end) {
+            if let Some(h) = self.get_fast::<FULL>(addr, end) {
                 return Ok(h);
             }
         }
