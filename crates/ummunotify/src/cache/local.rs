@@ -16,7 +16,6 @@ pub(super) const HAZARDS: usize = 8;
 const _: () = assert!(HAZARDS.is_power_of_two());
 /// Entries remembered per thread.
 pub(super) const MRU: usize = 4;
-const _: () = assert!(MRU.is_power_of_two());
 
 /// An MRU line: enough to decide a hit without touching the entry.
 #[derive(Clone, Copy)]
@@ -43,10 +42,9 @@ pub(super) struct Owned {
     pub(super) gen: u64,
     /// Cache epoch the MRU lines were in the index at.
     pub(super) epoch: u64,
+    /// Most recently used first: line 0 is the one that hit last, at a fixed offset, so the hit
+    /// path reads it without first loading an index.
     pub(super) mru: [Mru; MRU],
-    next: usize,
-    /// The line that hit last (checked first).
-    last: usize,
     hint: usize,
 }
 
@@ -56,8 +54,6 @@ impl Owned {
             gen: u64::MAX,
             epoch: u64::MAX,
             mru: [EMPTY; MRU],
-            next: 0,
-            last: 0,
             hint: 0,
         }
     }
@@ -71,19 +67,18 @@ impl Owned {
     /// The line that hit last, if it covers the range.
     #[inline(always)]
     pub(super) fn find_last(&self, start: usize, end: usize) -> Option<*const ()> {
-        // Masked rather than bounds-checked (it is always in range): a panic branch on the hit
-        // path makes it save registers for the call.
-        let m = &self.mru[self.last & (MRU - 1)];
+        let m = &self.mru[0];
         (m.start <= start && end <= m.end).then_some(m.entry)
     }
 
+    /// Another line covering the range, moved to the front.
     fn find_other(&mut self, start: usize, end: usize) -> Option<*const ()> {
         let i = self
             .mru
             .iter()
             .position(|m| m.start <= start && end <= m.end)?;
-        self.last = i;
-        Some(self.mru[i].entry)
+        self.mru[..=i].rotate_right(1);
+        Some(self.mru[0].entry)
     }
 
     pub(super) fn clear(&mut self) {
@@ -99,12 +94,13 @@ impl Owned {
         }
     }
 
+    /// Puts `line` in front (dropping the least recently used), unless its entry has a line.
     pub(super) fn insert(&mut self, line: Mru) {
         if self.mru.iter().any(|m| m.entry == line.entry) {
             return;
         }
-        self.mru[self.next] = line;
-        self.next = (self.next + 1) % MRU;
+        self.mru.rotate_right(1);
+        self.mru[0] = line;
     }
 }
 
@@ -321,4 +317,54 @@ pub(super) fn claim(id: u64, slots: &Mutex<Vec<Arc<ThreadSlot>>>) -> Option<*con
         })
         .ok()
         .flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A made-up entry address (never dereferenced).
+    fn e(i: usize) -> Option<*const ()> {
+        Some((i * 64) as *const ())
+    }
+
+    fn line(start: usize, entry: usize) -> Mru {
+        Mru {
+            start,
+            end: start + 4096,
+            entry: e(entry).unwrap(),
+            token: Region {
+                slot: entry as u32,
+                expected: 2,
+            },
+        }
+    }
+
+    /// Line 0 is always the one that hit (or came in) last; a new line drops the least recently
+    /// used one; the hit path's `find_last` sees only line 0.
+    #[test]
+    fn mru_keeps_the_last_hit_in_front_and_drops_the_least_recent() {
+        let mut o = Owned::new();
+        for i in 1..=MRU {
+            o.insert(line(i << 20, i));
+        }
+        assert_eq!(o.find_last(MRU << 20, (MRU << 20) + 8), e(MRU));
+        assert_eq!(o.find_last(1 << 20, (1 << 20) + 8), None, "not in front");
+        assert_eq!(o.find(1 << 20, (1 << 20) + 8), e(1));
+        assert_eq!(o.find_last(1 << 20, (1 << 20) + 8), e(1));
+        // Least recently used now: 2 (1 was hit, MRU..3 came in after it).
+        o.insert(line(99 << 20, 99));
+        assert_eq!(o.find(2 << 20, (2 << 20) + 8), None, "the oldest line went");
+        for i in [1, 3, 99] {
+            assert_eq!(o.find(i << 20, (i << 20) + 8), e(i));
+        }
+        // A range no line covers whole, and an entry already present.
+        assert_eq!(o.find(1 << 20, (1 << 20) + 8192), None);
+        o.insert(line(5 << 20, 99));
+        assert_eq!(o.find(5 << 20, (5 << 20) + 8), None, "one line per entry");
+        o.retain(|t| t.slot != 99);
+        assert_eq!(o.find(99 << 20, (99 << 20) + 8), None);
+        o.clear();
+        assert_eq!(o.find(1 << 20, (1 << 20) + 8), None);
+    }
 }
