@@ -2,7 +2,8 @@
 # Compares the ummunotify cache's hit (get + drop of a warm region) and miss (get + drop of a
 # never-seen page, one every other page, regions kept; no-op and mlock registrars) with UCX
 # 1.22's ucs_rcache_get + ucs_rcache_region_put, measured one right after the other in the same
-# invocation (the machine is noisy: only same-run ratios mean anything). The C library's hit
+# invocation, ROUNDS times (default 3), reporting medians of the rounds and of the round-by-round
+# ratios (the machine is noisy: only same-run ratios mean anything). The C library's hit
 # (ummunotify_cache_get + _put through libummunotify.so) is measured by umn bench, batch by
 # batch against the Rust hit in the same process (row cache_hit_c).
 #
@@ -50,47 +51,67 @@ if [ "${1:-}" = "--setup-only" ]; then echo "$BIN"; exit 0; fi
 # Our side first, then UCX right after.
 (cd "$REPO" && cargo build --release -q -p umn -p ummunotify-capi) || { echo "ucx_compare: cargo build failed" >&2; exit 1; }
 UMN=${CARGO_TARGET_DIR:-$REPO/target}/release/umn
-OURS_JSON=$("$UMN" bench --json) || { echo "ucx_compare: umn bench failed" >&2; exit 1; }
-UCX_OUT=$(UCX_LOG_LEVEL=error "$BIN" "$ITERS" 20000 2>&1) || fail "the UCX harness failed: $(echo "$UCX_OUT" | tail -3)"
-# The same harness with mlock/munlock as UCX's mem_reg/mem_dereg, for the mlock miss.
-UCX_MLOCK=$(MODE=mlock UCX_LOG_LEVEL=error "$BIN" "$ITERS" 20000 2>&1) || fail "the UCX harness (MODE=mlock) failed: $(echo "$UCX_MLOCK" | tail -3)"
-
-echo "$OURS_JSON"
-echo "$UCX_OUT" | grep -E "^(HIT .*batch-1000|MISS)"
-echo "$UCX_MLOCK" | grep -E "^MISS" | sed 's/^/mlock: /'
-python3 - "$OURS_JSON" "$UCX_OUT" "$UCX_MLOCK" <<'PY'
-import json, re, sys
-ours = {r["name"]: r for r in json.loads(sys.argv[1])["results"]}
-def ucx_miss(out, what):
-    lines = [l for l in out.splitlines() if l.startswith("MISS get+put, 1 page")]
+# ROUNDS rounds, each ours then UCX right after: the machine's speed drifts over minutes (the
+# same harness read 16 ns in one run and 27 ns in the next), so every figure below is the median
+# of its rounds and every ratio is taken round by round, then the median of those.
+ROUNDS=${ROUNDS:-3}
+TMP=$(mktemp -d) || fail "mktemp failed"
+trap 'rm -rf "$TMP"' EXIT
+for r in $(seq 1 "$ROUNDS"); do
+  "$UMN" bench --json >"$TMP/ours.$r" || { echo "ucx_compare: umn bench failed" >&2; exit 1; }
+  UCX_LOG_LEVEL=error "$BIN" "$ITERS" 20000 >"$TMP/ucx.$r" 2>&1 ||
+    fail "the UCX harness failed: $(tail -3 "$TMP/ucx.$r")"
+  # The same harness with mlock/munlock as UCX's mem_reg/mem_dereg, for the mlock miss.
+  MODE=mlock UCX_LOG_LEVEL=error "$BIN" "$ITERS" 20000 >"$TMP/mlock.$r" 2>&1 ||
+    fail "the UCX harness (MODE=mlock) failed: $(tail -3 "$TMP/mlock.$r")"
+  grep -E "^(HIT .*batch-1000|MISS)" "$TMP/ucx.$r" | sed "s/^/round $r: /"
+  grep -E "^MISS" "$TMP/mlock.$r" | sed "s/^/round $r: mlock: /"
+done
+python3 - "$TMP" "$ROUNDS" <<'PY'
+import json, re, statistics, sys
+tmp, rounds = sys.argv[1], int(sys.argv[2])
+def text(name, r):
+    with open(f"{tmp}/{name}.{r}") as f:
+        return f.read()
+def stat(out, prefix, what):
+    lines = [l for l in out.splitlines() if l.startswith(prefix)]
     if not lines:
-        print(f"ucx_compare: no UCX miss line ({what}) in the harness output", file=sys.stderr); sys.exit(2)
+        print(f"ucx_compare: no UCX line '{prefix}' ({what}) in the harness output", file=sys.stderr); sys.exit(2)
     m = re.search(r"median=\s*(\d+) ns.*mean=\s*([\d.]+)", lines[0])
     return float(m.group(1)), float(m.group(2))
-hit = ours["cache_hit"]["ns_per_op"]
-lines = [l for l in sys.argv[2].splitlines() if l.startswith("HIT get+put 4 KiB inside 1 MiB region (batch-1000")]
-if not lines:
-    print("ucx_compare: no UCX hit line found in the harness output", file=sys.stderr); sys.exit(2)
-m = re.search(r"median=\s*(\d+) ns.*mean=\s*([\d.]+)", lines[0])
-ucx_median, ucx_mean = float(m.group(1)), float(m.group(2))
+HIT = "HIT get+put 4 KiB inside 1 MiB region (batch-1000"
+MISS = "MISS get+put, 1 page"
+rows = []
+for r in range(1, rounds + 1):
+    ours = {x["name"]: x for x in json.loads(text("ours", r))["results"]}
+    if "cache_hit_c" not in ours:
+        print("ucx_compare: umn bench gave no cache_hit_c row (see its stderr)", file=sys.stderr); sys.exit(2)
+    ucx, mlock = text("ucx", r), text("mlock", r)
+    rows.append({
+        "hit": ours["cache_hit"]["ns_per_op"],
+        "ucx_hit": stat(ucx, HIT, "hit"),
+        "c_hit": ours["cache_hit_c"]["ns_per_op"],
+        "rust_paired": ours["cache_hit_c"]["baseline"],
+        "miss": ours["cache_miss"]["ns_per_op"],
+        "ucx_miss": stat(ucx, MISS, "no-op registrar"),
+        "miss_mlock": ours["cache_miss_mlock"]["ns_per_op"],
+        "ucx_miss_mlock": stat(mlock, MISS, "mlock registrar"),
+    })
+med = lambda f: statistics.median(f(x) for x in rows)
 print()
-print(f"ummunotify cache hit (get + drop, median of batch means): {hit:6.1f} ns")
-print(f"UCX 1.22 rcache get + put (batch-1000, median / mean):     {ucx_median:6.1f} / {ucx_mean:.1f} ns")
-print(f"ratio ummunotify / UCX (median):                          {hit / ucx_median:6.2f}  (target <= 0.50)")
-if "cache_hit_c" not in ours:
-    print("ucx_compare: umn bench gave no cache_hit_c row (see its stderr)", file=sys.stderr); sys.exit(2)
-c_hit = ours["cache_hit_c"]["ns_per_op"]
-rust_paired = ours["cache_hit_c"]["baseline"]
-print(f"C library hit (ummunotify_cache_get + _put, .so):         {c_hit:6.1f} ns")
-print(f"Rust hit measured alongside it (paired batches):          {rust_paired:6.1f} ns")
-print(f"ratio C hit / Rust hit:                                   {c_hit / rust_paired:6.2f}  (target <= 1.5)")
-print(f"ratio C hit / UCX (median):                               {c_hit / ucx_median:6.2f}  (target <= 0.35)")
+print(f"medians of {rounds} rounds (ours, then UCX right after, in each round)")
+print(f"ummunotify cache hit (get + drop, median of batch means): {med(lambda x: x['hit']):6.1f} ns")
+print(f"UCX 1.22 rcache get + put (batch-1000, median / mean):     {med(lambda x: x['ucx_hit'][0]):6.1f} / {med(lambda x: x['ucx_hit'][1]):.1f} ns")
+print(f"ratio ummunotify / UCX (median):                          {med(lambda x: x['hit'] / x['ucx_hit'][0]):6.2f}  (target <= 0.50)")
+print(f"C library hit (ummunotify_cache_get + _put, .so):         {med(lambda x: x['c_hit']):6.1f} ns")
+print(f"Rust hit measured alongside it (paired batches):          {med(lambda x: x['rust_paired']):6.1f} ns")
+print(f"ratio C hit / Rust hit:                                   {med(lambda x: x['c_hit'] / x['rust_paired']):6.2f}  (target <= 1.5)")
+print(f"ratio C hit / UCX (median):                               {med(lambda x: x['c_hit'] / x['ucx_hit'][0]):6.2f}  (target <= 0.35)")
 # Misses: ours is the mean over the run (total time / misses); UCX's per-call samples give both.
-for name, out, what in (("cache_miss", sys.argv[2], "no-op registrar"), ("cache_miss_mlock", sys.argv[3], "mlock registrar")):
-    med, mean = ucx_miss(out, what)
-    ns = ours[name]["ns_per_op"]
-    print(f"ummunotify cache miss, {what:<15} (mean):             {ns:8.1f} ns")
-    print(f"UCX 1.22 rcache miss, {what:<15} (median / mean):     {med:8.1f} / {mean:.1f} ns")
-    target = "  (target <= 2.00)" if name == "cache_miss" else ""
-    print(f"ratio ummunotify / UCX (mean):                            {ns / mean:8.2f}{target}")
+for key, what in (("miss", "no-op registrar"), ("miss_mlock", "mlock registrar")):
+    ucx = "ucx_" + key
+    print(f"ummunotify cache miss, {what:<15} (mean):             {med(lambda x: x[key]):8.1f} ns")
+    print(f"UCX 1.22 rcache miss, {what:<15} (median / mean):     {med(lambda x: x[ucx][0]):8.1f} / {med(lambda x: x[ucx][1]):.1f} ns")
+    target = "  (target <= 2.00)" if key == "miss" else ""
+    print(f"ratio ummunotify / UCX (mean):                            {med(lambda x: x[key] / x[ucx][1]):8.2f}{target}")
 PY
