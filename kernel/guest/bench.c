@@ -24,14 +24,7 @@
 
 #include "ummunotify.h"
 
-#define CHECK(c)                                                                            \
-	do {                                                                                \
-		if (!(c)) {                                                                 \
-			fprintf(stderr, "%s:%d: CHECK failed: %s (errno %d: %s)\n", __FILE__, \
-				__LINE__, #c, errno, strerror(errno));                      \
-			exit(1);                                                            \
-		}                                                                           \
-	} while (0)
+#include "check.h"
 
 #define N 301
 #define STORM 100000

@@ -23,14 +23,7 @@
 #include "ummunotify.h"
 #include "harness.h"
 
-#define CHECK(c)                                                                            \
-	do {                                                                                \
-		if (!(c)) {                                                                 \
-			fprintf(stderr, "%s:%d: CHECK failed: %s (errno %d: %s)\n", __FILE__, \
-				__LINE__, #c, errno, strerror(errno));                      \
-			exit(1);                                                            \
-		}                                                                           \
-	} while (0)
+#include "check.h"
 
 static size_t page;
 static int fd;

@@ -34,14 +34,7 @@
 #include "ummunotify.h"
 
 #define BUFS 16
-#define CHECK(c)                                                                            \
-	do {                                                                                \
-		if (!(c)) {                                                                 \
-			fprintf(stderr, "%s:%d: CHECK failed: %s (errno %d: %s)\n", __FILE__, \
-				__LINE__, #c, errno, strerror(errno));                      \
-			exit(1);                                                            \
-		}                                                                           \
-	} while (0)
+#include "check.h"
 
 static size_t page;
 static char *bufs;

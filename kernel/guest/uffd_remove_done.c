@@ -34,14 +34,7 @@
 #define UFFD_EVENT_REMOVE_DONE 0x17
 #endif
 
-#define CHECK(c)                                                                            \
-	do {                                                                                \
-		if (!(c)) {                                                                 \
-			fprintf(stderr, "%s:%d: CHECK failed: %s (errno %d: %s)\n", __FILE__, \
-				__LINE__, #c, errno, strerror(errno));                      \
-			exit(1);                                                            \
-		}                                                                           \
-	} while (0)
+#include "check.h"
 
 #define PAGES 8
 static size_t page;
