@@ -602,10 +602,9 @@ pub unsafe extern "C" fn ummunotify_cache_notifier(
     guard(std::ptr::null(), || {
         // SAFETY: (caller) NULL or a live cache.
         match unsafe { borrow(c) } {
-            Some(cc) => cc
-                .notifier
-                .get()
-                .map_or(std::ptr::null(), |h| (h as *const CNotifier).cast()),
+            Some(cc) => cc.notifier.get().map_or(std::ptr::null(), |h| {
+                (h.want_fd() as *const CNotifier).cast()
+            }),
             None => std::ptr::null(),
         }
     })

@@ -67,6 +67,14 @@ impl CNotifier {
         CNotifier::new(Inner::Borrowed(n))
     }
 
+    /// Readies the fd for `ummunotify_notifier_fd`, which is async-signal-safe: the core's first
+    /// `as_fd` takes the notifier's index lock (it starts writing the readiness eventfd from
+    /// then on), so it happens here, in a call that is not, before the handle is handed out.
+    pub(crate) fn want_fd(&self) -> &CNotifier {
+        let _ = self.get().as_fd();
+        self
+    }
+
     fn get(&self) -> &Notifier {
         match &self.inner {
             Inner::Owned(n) => n,
@@ -206,8 +214,9 @@ pub unsafe extern "C" fn ummunotify_notifier_new(
         }
         match Notifier::new() {
             Ok(n) => {
-                let h = Box::into_raw(Box::new(CNotifier::new(Inner::Owned(n))))
-                    .cast::<ummunotify_notifier>();
+                let c = CNotifier::new(Inner::Owned(n));
+                c.want_fd();
+                let h = Box::into_raw(Box::new(c)).cast::<ummunotify_notifier>();
                 // SAFETY: (caller) `out` is writable.
                 unsafe { out.write(h) };
                 UMMUNOTIFY_OK

@@ -1771,7 +1771,8 @@ impl AsFd for Notifier {
     /// message hit none of its regions (a `read_events` in between finds nothing).
     ///
     /// The fd is kept readable from the first call of this on: until then nobody can be polling
-    /// it, and the event path makes no eventfd write for it.
+    /// it, and the event path makes no eventfd write for it. That first call takes the
+    /// notifier's index lock (so it is not async-signal-safe); later calls are one atomic load.
     fn as_fd(&self) -> BorrowedFd<'_> {
         let sh = &*self.shared;
         // Once wanted, always wanted. A forked child takes no lock (its copy may be held by a
