@@ -99,6 +99,10 @@ for r in range(1, rounds + 1):
     })
 med = lambda f: statistics.median(f(x) for x in rows)
 print()
+for r, x in enumerate(rows, 1):
+    print(f"round {r}: hit {x['hit']:.1f} ns, C hit {x['c_hit']:.1f} (Rust alongside {x['rust_paired']:.1f}),"
+          f" UCX hit {x['ucx_hit'][0]:.0f}; miss {x['miss']:.0f} ns, UCX miss mean {x['ucx_miss'][1]:.1f}")
+print()
 print(f"medians of {rounds} rounds (ours, then UCX right after, in each round)")
 print(f"ummunotify cache hit (get + drop, median of batch means): {med(lambda x: x['hit']):6.1f} ns")
 print(f"UCX 1.22 rcache get + put (batch-1000, median / mean):     {med(lambda x: x['ucx_hit'][0]):6.1f} / {med(lambda x: x['ucx_hit'][1]):.1f} ns")
