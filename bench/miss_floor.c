@@ -1,0 +1,96 @@
+/*
+ * What a cache miss on never-watched memory must pay the kernel, whatever the library does
+ * around it, for comparison with UCX 1.22's whole miss (bench/ucx_compare.sh):
+ *
+ *   UFFDIO_REGISTER of a fresh 4 KiB page, every other page of one mapping (the userfaultfd
+ *     backend's watch: the page's VMA is split off; a miss can not skip it, see
+ *     Watcher::watch_persists in crates/ummunotify/src/backend/mod.rs)
+ *   msync(addr, 4096, 0)   the mapped check every registration makes (guarantee 5: an unmapped
+ *                          range is a typed error, and a racing unmap must not go unseen)
+ *   a signal-mask pair     what holding the notifier's index lock costs a user thread
+ *                          (guarantee 4: a handler that unmaps must not run while it is held)
+ *
+ * usage: gcc -O2 -o /tmp/miss_floor bench/miss_floor.c && /tmp/miss_floor [pages]
+ * Needs userfaultfd (root, or vm.unprivileged_userfaultfd=1). Medians, ns.
+ */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <linux/userfaultfd.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifndef UFFD_FEATURE_WP_ASYNC
+#define UFFD_FEATURE_WP_ASYNC (1 << 15)
+#endif
+#define PG 4096
+
+static uint64_t now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+static int cmp(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+static uint64_t median(uint64_t *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, cmp);
+  return v[n / 2];
+}
+
+int main(int argc, char **argv) {
+  int n = argc > 1 ? atoi(argv[1]) : 20000;
+  int uffd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK);
+  struct uffdio_api api = {
+      .api = UFFD_API,
+      .features = UFFD_FEATURE_EVENT_UNMAP | UFFD_FEATURE_EVENT_REMOVE | UFFD_FEATURE_EVENT_REMAP,
+  };
+  if (uffd < 0 || ioctl(uffd, UFFDIO_API, &api)) {
+    perror("userfaultfd");
+    return 2;
+  }
+  char *p = mmap(NULL, 2 * (size_t)n * PG, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) {
+    perror("mmap");
+    return 2;
+  }
+  uint64_t *reg = calloc((size_t)n, sizeof(uint64_t));
+  uint64_t *sync = calloc((size_t)n, sizeof(uint64_t));
+  uint64_t *mask = calloc((size_t)n, sizeof(uint64_t));
+  sigset_t all, old;
+  sigfillset(&all);
+  for (int i = 0; i < n; i++) {
+    char *page = p + 2 * (size_t)i * PG;
+    struct uffdio_register r = {.range = {(uint64_t)page, PG}, .mode = UFFDIO_REGISTER_MODE_WP};
+    uint64_t t = now();
+    if (ioctl(uffd, UFFDIO_REGISTER, &r)) {
+      perror("UFFDIO_REGISTER");
+      return 2;
+    }
+    reg[i] = now() - t;
+    t = now();
+    msync(page, PG, 0);
+    sync[i] = now() - t;
+    t = now();
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    mask[i] = now() - t;
+  }
+  printf("UFFDIO_REGISTER of a fresh page (every other page): %lu ns\n",
+         (unsigned long)median(reg, n));
+  printf("msync(page, 4096, 0), the mapped check:             %lu ns\n",
+         (unsigned long)median(sync, n));
+  printf("rt_sigprocmask block + restore:                     %lu ns\n",
+         (unsigned long)median(mask, n));
+  return 0;
+}
