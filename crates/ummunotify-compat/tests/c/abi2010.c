@@ -318,6 +318,17 @@ static void test_blocking_and_flags(void) {
     /* O_NONBLOCK through fcntl and FIONBIO, per open file (dups share it). */
     CHECK(fcntl(fd, F_SETFL, O_NONBLOCK) == 0);
     CHECK(fcntl(fd, F_GETFL) & O_NONBLOCK);
+    const char *backend = getenv("UMN_BACKEND");
+    if (backend != NULL && (strcmp(backend, "hooks") == 0 || strcmp(backend, "hybrid") == 0)) {
+        /* The in-thread backends invalidate before the madvise syscall and again after it. The
+           read above, woken by the first pass, may re-arm the region before the second pass,
+           which then invalidates it again: one more event for the same call than the device
+           gave (conservative, never stale; documented in ARCHITECTURE.md, hooks backend, "With the
+           other parts"). At most one. */
+        r = read(fd, ev, sizeof ev);
+        CHECK((r == -1 && errno == EAGAIN) ||
+              (r == 64 && ev[0].user_cookie_counter == 7 && ev[1].type == UMMUNOTIFY_EVENT_TYPE_LAST));
+    }
     CHECK_ERR(read(fd, ev, sizeof ev), EAGAIN);
     int off = 0;
     CHECK(ioctl(fd, FIONBIO, &off) == 0);
