@@ -19,34 +19,7 @@
  * usage: gcc -O2 -o /tmp/hybrid_floor bench/hybrid_floor.c && /tmp/hybrid_floor [rounds]
  * Needs userfaultfd (root, or vm.unprivileged_userfaultfd=1). Medians, ns, and ratios.
  */
-#define _GNU_SOURCE
-#include <fcntl.h>
-#include <linux/userfaultfd.h>
-#include <signal.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <sys/ioctl.h>
-#include <sys/mman.h>
-#include <sys/syscall.h>
-#include <time.h>
-#include <unistd.h>
-
-#ifndef UFFD_FEATURE_WP_ASYNC
-#define UFFD_FEATURE_WP_ASYNC (1 << 15)
-#endif
-#define PG 4096
-
-static uint64_t now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
-}
-
-static int cmp(const void *a, const void *b) {
-  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-  return x < y ? -1 : x > y;
-}
+#include "probe.h"
 
 /* A touched page with a hole above it: a VMA of its own once the next one is made. */
 static char *lone_page(void) {
