@@ -483,6 +483,14 @@ impl Readiness {
             sys::eventfd_drain(self.fd.as_fd());
         }
     }
+
+    /// Marks the fd wanted from now on, and readable at once if the notifier is `ready` and it
+    /// was not wanted before (index lock held).
+    fn want(&self, ready: bool) {
+        if !self.wanted.swap(true, Relaxed) && ready {
+            sys::eventfd_signal(self.fd.as_fd());
+        }
+    }
 }
 
 /// Proof that the index lock is held, and the only way to reach slot data.
@@ -1779,9 +1787,7 @@ impl AsFd for Notifier {
         // thread that does not exist there); its notifier is dead, and its fd readable (`kill`).
         if !sh.ready.wanted.load(Acquire) && sh.counter().load(Acquire) & FORKED == 0 {
             let l = sh.lock_index_blocked();
-            if !sh.ready.wanted.swap(true, Relaxed) && l.locked.st.ready {
-                sys::eventfd_signal(sh.ready.fd.as_fd());
-            }
+            sh.ready.want(l.locked.st.ready);
         }
         sh.ready.fd.as_fd()
     }
