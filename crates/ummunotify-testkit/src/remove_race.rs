@@ -15,7 +15,8 @@
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 
 use crate::require::MissingFeature;
 use crate::uring::UringMadvise;
@@ -315,6 +316,28 @@ impl Buffers {
             count,
             _memfd: memfd,
         })
+    }
+
+    /// For shmem buffers: writes past the buffers' end until `stop`, so that the memfd's inode
+    /// lock is often held. `MADV_REMOVE` punches its hole under that lock after it dropped
+    /// `mmap_lock` (and after the userfaultfd check for a watch), so this keeps the time between
+    /// the check and the zap long, as a loaded machine does; a registration whose watch came in
+    /// between must still not be used with the dropped frames. Returns at once for private
+    /// buffers.
+    ///
+    /// # Errors
+    /// The OS error of a write.
+    pub fn contend(&self, stop: &AtomicBool) -> io::Result<()> {
+        let Some(f) = &self._memfd else {
+            return Ok(());
+        };
+        let chunk = vec![0u8; 256 << 10];
+        let past = (self.count * self.len) as u64 + (1 << 20);
+        while !stop.load(SeqCst) {
+            f.write_all_at(&chunk, past)?;
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
+        Ok(())
     }
 
     /// The address of buffer `i`.

@@ -743,6 +743,32 @@ impl Shared {
         }
     }
 
+    /// After a watch of `[start, end)` (registry lock held): on a backend that needs it
+    /// ([`Watcher::fresh_watch_window`](crate::backend::Watcher::fresh_watch_window)), when the
+    /// range holds shared memory, records an in-flight window over it, ticketed after the watch,
+    /// as if a `REMOVE` of it had just been read. A `madvise(MADV_REMOVE)` that looked for a watch
+    /// before this one existed sent no message, and may zap after the watch with `mmap_lock`
+    /// dropped; the caller waits for the window ([`wait_inflight`](Self::wait_inflight): the
+    /// threads in `madvise` over the range, or running, are named and must come back to user
+    /// space) and holds its region invalid if it is still open. Returns the window's ticket, if
+    /// one was opened.
+    fn open_fresh_window(&self, reg: &mut Registry, start: u64, end: u64) -> Option<u64> {
+        if !self.watcher.fresh_watch_window() || crate::inflight::disabled() {
+            return None;
+        }
+        // A lookup that fails counts as shared: a window costs a wait, a missing one a stale pin.
+        let shared = reg
+            .budget
+            .vmas()
+            .map_or(true, |v| v.any_shared(start, end).unwrap_or(true));
+        shared.then(|| {
+            self.lock_index_blocked()
+                .st
+                .inflight
+                .record(start, end, false)
+        })
+    }
+
     /// Waits until no `REMOVE` in flight overlaps `span` (user threads; registry lock held). The
     /// wait is bounded by the table's grace periods; a registration still overlapping one then
     /// is born invalid with an event (see `register`).
@@ -1333,6 +1359,21 @@ impl Notifier {
             reg.lost.remove(span.watch_start, span.watch_end);
             reg.watch_calls += 1;
         }
+        // Shared memory: a `MADV_REMOVE` that began before the watch may still be about to zap.
+        // Only the window (and older entries) can leave a pin stale now: a `REMOVE` read since
+        // the insertion hit the region in the index.
+        if let Some(ticket) = sh.open_fresh_window(&mut reg, span.watch_start, span.watch_end) {
+            sh.wait_inflight(&mut reg, &span);
+            let mut l = sh.lock_index_blocked();
+            l.st.inflight.sweep();
+            if l.st
+                .inflight
+                .overlaps_upto(span.watch_start, span.watch_end, ticket)
+            {
+                l.hold_invalid(id);
+                sh.signal_ready(&mut l);
+            }
+        }
         if reg.free.last() == Some(&id) {
             reg.free.pop();
         } else {
@@ -1684,6 +1725,13 @@ impl Notifier {
             self.clear_holes(reg, id);
         }
         reg.watch_calls += 1;
+        // As in `register_impl`: a `MADV_REMOVE` that began before the watch (checked below).
+        if sh
+            .open_fresh_window(reg, rewatch.watch_start, rewatch.watch_end)
+            .is_some()
+        {
+            sh.wait_inflight(reg, &rewatch);
+        }
         let mut l = sh.lock_index_blocked();
         l.st.inflight.sweep();
         let w = l.slot(id).word.load(Relaxed);

@@ -71,6 +71,11 @@ impl Watcher for HybridWatcher {
         true
     }
 
+    /// A raw `madvise(MADV_REMOVE)` is seen only by the userfaultfd half.
+    fn fresh_watch_window(&self) -> bool {
+        true
+    }
+
     fn hooks_only(&self) -> u64 {
         self.hooks_only.load(Relaxed)
     }

@@ -223,6 +223,15 @@ pub(crate) trait Watcher: Send + Sync {
         false
     }
 
+    /// Whether a watch of shared memory leaves a `REMOVE` the backend never reports: a
+    /// `madvise(MADV_REMOVE)` that looked for a watch before it existed sends no message, yet
+    /// zaps afterwards, `mmap_lock` dropped (userfaultfd). The core then opens an in-flight
+    /// window over the newly watched shared range and waits for it, as for a `REMOVE` read
+    /// (`docs/ARCHITECTURE.md`, "REMOVE in flight", the fresh-watch case).
+    fn fresh_watch_window(&self) -> bool {
+        false
+    }
+
     /// Watch requests the kernel refused because another userfaultfd owns the pages and that
     /// the hooks took alone (hybrid only).
     fn hooks_only(&self) -> u64 {

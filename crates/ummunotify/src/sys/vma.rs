@@ -37,6 +37,8 @@ const _: () = assert!(std::mem::size_of::<ProcmapQuery>() == 104);
 const PROCMAP_QUERY: libc::c_ulong = (3 << 30) | (104 << 16) | ((b'f' as libc::c_ulong) << 8) | 17;
 /// Return the VMA covering the address, or the next one after it.
 const PROCMAP_QUERY_COVERING_OR_NEXT_VMA: u64 = 0x10;
+/// `vma_flags`: the mapping is shared (`MAP_SHARED`).
+const PROCMAP_QUERY_VMA_SHARED: u64 = 0x08;
 
 /// A handle on the process's mapping list.
 #[derive(Debug)]
@@ -58,6 +60,11 @@ impl Vmas {
 
     /// The first VMA ending above `addr` (covering it or after it), if any.
     fn query_at(&self, addr: u64) -> io::Result<Option<(u64, u64)>> {
+        Ok(self.query_shared_at(addr)?.map(|(s, e, _)| (s, e)))
+    }
+
+    /// As [`query_at`](Self::query_at), with whether the VMA is shared.
+    fn query_shared_at(&self, addr: u64) -> io::Result<Option<(u64, u64, bool)>> {
         let mut q = ProcmapQuery {
             size: std::mem::size_of::<ProcmapQuery>() as u64,
             query_flags: PROCMAP_QUERY_COVERING_OR_NEXT_VMA,
@@ -68,7 +75,8 @@ impl Vmas {
         // name and build-id buffers are not requested (sizes 0).
         let r = unsafe { libc::ioctl(self.maps.as_raw_fd(), PROCMAP_QUERY, &mut q) };
         if r == 0 {
-            return Ok(Some((q.vma_start, q.vma_end)));
+            let shared = q.vma_flags & PROCMAP_QUERY_VMA_SHARED != 0;
+            return Ok(Some((q.vma_start, q.vma_end, shared)));
         }
         let e = io::Error::last_os_error();
         match e.raw_os_error() {
@@ -79,18 +87,52 @@ impl Vmas {
 
     /// Every VMA, in address order, from a fresh read of `/proc/self/maps`.
     fn all() -> io::Result<Vec<(u64, u64)>> {
+        Ok(Self::all_shared()?
+            .into_iter()
+            .map(|(s, e, _)| (s, e))
+            .collect())
+    }
+
+    /// As [`all`](Self::all), with whether each VMA is shared (`s` in its permissions).
+    fn all_shared() -> io::Result<Vec<(u64, u64, bool)>> {
         let mut text = String::new();
         File::open("/proc/self/maps")?.read_to_string(&mut text)?;
         Ok(text
             .lines()
             .filter_map(|l| {
-                let (s, e) = l.split(' ').next()?.split_once('-')?;
+                let mut fields = l.split(' ');
+                let (s, e) = fields.next()?.split_once('-')?;
+                let shared = fields.next()?.as_bytes().get(3) == Some(&b's');
                 Some((
                     u64::from_str_radix(s, 16).ok()?,
                     u64::from_str_radix(e, 16).ok()?,
+                    shared,
                 ))
             })
             .collect())
+    }
+
+    /// Whether a shared mapping (`MAP_SHARED`) lies in `[start, end)`. Allocates nothing where
+    /// `PROCMAP_QUERY` works; reads the whole list where it does not.
+    pub(crate) fn any_shared(&self, start: u64, end: u64) -> io::Result<bool> {
+        if !self.query {
+            return Ok(Self::all_shared()?
+                .iter()
+                .any(|&(s, e, shared)| shared && s < end && start < e));
+        }
+        let mut pos = start;
+        while pos < end {
+            match self.query_shared_at(pos)? {
+                Some((s, e, shared)) if s < end => {
+                    if shared {
+                        return Ok(true);
+                    }
+                    pos = e;
+                }
+                _ => break,
+            }
+        }
+        Ok(false)
     }
 
     /// Calls `f(s, e)` for each mapped part of `[start, end)` (VMAs clipped to it, in address
@@ -196,21 +238,61 @@ pub(crate) fn max_map_count() -> usize {
 mod tests {
     use super::*;
 
+    /// Both lookups tell a shared mapping from a private one next to it.
+    #[test]
+    fn shared_mappings_are_told_apart() {
+        let pg = 4096u64;
+        let map = |flags| -> u64 {
+            // SAFETY: a fresh mapping at an address the kernel picks; only this test uses it.
+            let p = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    (2 * pg) as usize,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    flags | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            };
+            p as u64
+        };
+        let private = map(libc::MAP_PRIVATE);
+        let shared = map(libc::MAP_SHARED);
+        let mut v = Vmas::open().unwrap();
+        for query in [v.query, false] {
+            v.query = query;
+            assert!(!v.any_shared(private, private + 2 * pg).unwrap());
+            assert!(v.any_shared(shared, shared + 2 * pg).unwrap());
+            assert!(v.any_shared(shared + pg, shared + pg + 1).unwrap());
+        }
+        for p in [private, shared] {
+            // SAFETY: our own mappings.
+            unsafe { libc::munmap(p as *mut libc::c_void, (2 * pg) as usize) };
+        }
+    }
+
     /// `PROCMAP_QUERY` and the fallback agree on a real mapping split in three.
     #[test]
     fn extent_of_a_split_mapping() {
         let pg = 4096u64;
         // SAFETY: a fresh private mapping; only this test touches it.
-        let p = unsafe {
+        let base = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                (3 * pg) as usize,
+                (5 * pg) as usize,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
                 -1,
                 0,
             )
         } as u64;
+        // Inaccessible pages at both ends: a neighbour the kernel happens to place next to it
+        // (another test's mapping) can not merge with the three pages under test.
+        for guard in [base, base + 4 * pg] {
+            // SAFETY: changes the protection of a page of our own mapping.
+            unsafe { libc::mprotect(guard as *mut libc::c_void, pg as usize, libc::PROT_NONE) };
+        }
+        let p = base + pg;
         // SAFETY: changes the protection of the middle page of our own mapping (a split).
         unsafe { libc::mprotect((p + pg) as *mut libc::c_void, pg as usize, libc::PROT_READ) };
         let mut v = Vmas::open().unwrap();
@@ -245,7 +327,7 @@ mod tests {
             assert_eq!(parts, [(p, p + pg), (p + pg, p + 2 * pg)]);
         }
         // SAFETY: our own mapping.
-        unsafe { libc::munmap(p as *mut libc::c_void, (2 * pg) as usize) };
+        unsafe { libc::munmap(base as *mut libc::c_void, (5 * pg) as usize) };
         assert!(count().unwrap() > 3);
         assert!(max_map_count() > 1000);
     }

@@ -421,6 +421,10 @@ impl Watcher for UffdWatcher {
         true
     }
 
+    fn fresh_watch_window(&self) -> bool {
+        true
+    }
+
     fn deliver(&self, sink: Arc<dyn Sink>) -> crate::Result<Box<dyn Delivery>> {
         // REMOVE in flight: the signal that tells a remover is back in user space.
         crate::inflight::install();
