@@ -9,11 +9,23 @@
  *                          range is a typed error, and a racing unmap must not go unseen)
  *   a signal-mask pair     what holding the notifier's index lock costs a user thread
  *                          (guarantee 4: a handler that unmaps must not run while it is held)
+ *   PROCMAP_QUERY          the lookup after a watch on userfaultfd: is the range shared memory,
+ *                          which then needs a fresh-watch window (docs/ARCHITECTURE.md)
  *
  * usage: gcc -O2 -o /tmp/miss_floor bench/miss_floor.c && /tmp/miss_floor [pages]
  * Needs userfaultfd (root, or vm.unprivileged_userfaultfd=1). Medians, ns.
  */
 #include "probe.h"
+
+/* struct procmap_query (include/uapi/linux/fs.h, Linux 6.11): older headers lack it. */
+struct umn_procmap_query {
+  uint64_t size, query_flags, query_addr, vma_start, vma_end, vma_flags, vma_page_size,
+      vma_offset, inode;
+  uint32_t dev_major, dev_minor, vma_name_size, build_id_size;
+  uint64_t vma_name_addr, build_id_addr;
+};
+#define UMN_PROCMAP_QUERY _IOWR('f', 17, struct umn_procmap_query)
+#define UMN_PROCMAP_QUERY_COVERING_OR_NEXT_VMA 0x10
 
 static uint64_t median(uint64_t *v, int n) {
   qsort(v, (size_t)n, sizeof *v, cmp);
@@ -40,6 +52,12 @@ int main(int argc, char **argv) {
   uint64_t *reg = calloc((size_t)n, sizeof(uint64_t));
   uint64_t *sync = calloc((size_t)n, sizeof(uint64_t));
   uint64_t *mask = calloc((size_t)n, sizeof(uint64_t));
+  uint64_t *query = calloc((size_t)n, sizeof(uint64_t));
+  int maps = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+  if (maps < 0) {
+    perror("/proc/self/maps");
+    return 2;
+  }
   sigset_t all, old;
   sigfillset(&all);
   for (int i = 0; i < n; i++) {
@@ -58,6 +76,16 @@ int main(int argc, char **argv) {
     pthread_sigmask(SIG_BLOCK, &all, &old);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     mask[i] = now() - t;
+    struct umn_procmap_query q = {.size = sizeof q,
+                                  .query_flags = UMN_PROCMAP_QUERY_COVERING_OR_NEXT_VMA,
+                                  .query_addr = (uint64_t)page};
+    t = now();
+    int qr = ioctl(maps, UMN_PROCMAP_QUERY, &q);
+    query[i] = now() - t;
+    if (qr) {
+      perror("PROCMAP_QUERY (Linux 6.11+)");
+      return 2;
+    }
   }
   printf("UFFDIO_REGISTER of a fresh page (every other page): %lu ns\n",
          (unsigned long)median(reg, n));
@@ -65,5 +93,7 @@ int main(int argc, char **argv) {
          (unsigned long)median(sync, n));
   printf("rt_sigprocmask block + restore:                     %lu ns\n",
          (unsigned long)median(mask, n));
+  printf("PROCMAP_QUERY of the page (is it shared memory):    %lu ns\n",
+         (unsigned long)median(query, n));
   return 0;
 }

@@ -752,15 +752,23 @@ impl Shared {
     /// threads in `madvise` over the range, or running, are named and must come back to user
     /// space) and holds its region invalid if it is still open. Returns the window's ticket, if
     /// one was opened.
-    fn open_fresh_window(&self, reg: &mut Registry, start: u64, end: u64) -> Option<u64> {
+    /// `shared` is what the caller learnt already (`None`: look it up).
+    fn open_fresh_window(
+        &self,
+        reg: &mut Registry,
+        start: u64,
+        end: u64,
+        shared: Option<bool>,
+    ) -> Option<u64> {
         if !self.watcher.fresh_watch_window() || crate::inflight::disabled() {
             return None;
         }
         // A lookup that fails counts as shared: a window costs a wait, a missing one a stale pin.
-        let shared = reg
-            .budget
-            .vmas()
-            .map_or(true, |v| v.any_shared(start, end).unwrap_or(true));
+        let shared = shared.unwrap_or_else(|| {
+            reg.budget
+                .vmas()
+                .map_or(true, |v| v.any_shared(start, end).unwrap_or(true))
+        });
         shared.then(|| {
             self.lock_index_blocked()
                 .st
@@ -1310,6 +1318,8 @@ impl Notifier {
             }
             (Region { slot: id, expected }, n, overflow)
         };
+        // Whether the memory is shared, when the check after the watch learnt it.
+        let mut shared = None;
         // Kept only where a registration may skip its watch (allocating nothing otherwise).
         let keep_lost = sh.watcher.watch_persists();
         if keep_lost && overflow {
@@ -1347,14 +1357,22 @@ impl Notifier {
                 return Err(e);
             }
             // A racing unmap between the check in `watch` and the registration would have gone
-            // unseen.
-            if !matches!(
-                sys::is_mapped(span.watch_start as usize, span.watch_end as usize),
-                Ok(true)
-            ) {
+            // unseen. One VMA over the range (the common case): one `PROCMAP_QUERY` answers this
+            // and whether the memory is shared (the fresh-watch window below); else `msync`.
+            let (s, e) = (span.watch_start, span.watch_end);
+            let one = if sh.watcher.fresh_watch_window() {
+                reg.budget
+                    .vmas()
+                    .ok()
+                    .and_then(|v| v.covering(s, e).ok().flatten())
+            } else {
+                None
+            };
+            if one.is_none() && !matches!(sys::is_mapped(s as usize, e as usize), Ok(true)) {
                 self.remove_slot(&mut reg, id, &span);
                 return Err(Error::Unmapped);
             }
+            shared = one;
             // Watched now; an unmap since the copy above is in `unmapped` for the next one.
             reg.lost.remove(span.watch_start, span.watch_end);
             reg.watch_calls += 1;
@@ -1362,7 +1380,9 @@ impl Notifier {
         // Shared memory: a `MADV_REMOVE` that began before the watch may still be about to zap.
         // Only the window (and older entries) can leave a pin stale now: a `REMOVE` read since
         // the insertion hit the region in the index.
-        if let Some(ticket) = sh.open_fresh_window(&mut reg, span.watch_start, span.watch_end) {
+        if let Some(ticket) =
+            sh.open_fresh_window(&mut reg, span.watch_start, span.watch_end, shared)
+        {
             sh.wait_inflight(&mut reg, &span);
             let mut l = sh.lock_index_blocked();
             l.st.inflight.sweep();
@@ -1727,7 +1747,7 @@ impl Notifier {
         reg.watch_calls += 1;
         // As in `register_impl`: a `MADV_REMOVE` that began before the watch (checked below).
         if sh
-            .open_fresh_window(reg, rewatch.watch_start, rewatch.watch_end)
+            .open_fresh_window(reg, rewatch.watch_start, rewatch.watch_end, None)
             .is_some()
         {
             sh.wait_inflight(reg, &rewatch);

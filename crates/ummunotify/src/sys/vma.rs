@@ -112,6 +112,19 @@ impl Vmas {
             .collect())
     }
 
+    /// If one VMA covers all of `[start, end)` now: whether it is shared. `None` when it takes
+    /// more than one (or there is a hole), or where `PROCMAP_QUERY` is missing. One ioctl: a
+    /// registration's "still mapped after the watch" check and the fresh-watch lookup at once.
+    pub(crate) fn covering(&self, start: u64, end: u64) -> io::Result<Option<bool>> {
+        if !self.query {
+            return Ok(None);
+        }
+        Ok(match self.query_shared_at(start)? {
+            Some((s, e, shared)) if s <= start && end <= e => Some(shared),
+            _ => None,
+        })
+    }
+
     /// Whether a shared mapping (`MAP_SHARED`) lies in `[start, end)`. Allocates nothing where
     /// `PROCMAP_QUERY` works; reads the whole list where it does not.
     pub(crate) fn any_shared(&self, start: u64, end: u64) -> io::Result<bool> {
@@ -264,6 +277,11 @@ mod tests {
             assert!(!v.any_shared(private, private + 2 * pg).unwrap());
             assert!(v.any_shared(shared, shared + 2 * pg).unwrap());
             assert!(v.any_shared(shared + pg, shared + pg + 1).unwrap());
+        }
+        if v.query {
+            v.query = true;
+            assert_eq!(v.covering(private, private + 2 * pg).unwrap(), Some(false));
+            assert_eq!(v.covering(shared, shared + pg).unwrap(), Some(true));
         }
         for p in [private, shared] {
             // SAFETY: our own mappings.
