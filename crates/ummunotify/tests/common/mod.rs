@@ -92,6 +92,17 @@ pub fn madvise(addr: usize, len: usize, advice: libc::c_int) {
     assert_eq!(r, 0, "madvise: {}", std::io::Error::last_os_error());
 }
 
+/// `n`'s 2010 notification count, settled. The count is provisional while the process's monitor
+/// takes a message (+1 before the read, taken back if the message hit none of `n`'s regions), and
+/// every notifier of the process is handed every message, so tests running in parallel make it
+/// read one high now and then. A real count never goes down: the lowest of many reads is it.
+pub fn notifications(n: &ummunotify::Notifier) -> u64 {
+    (0..10_000)
+        .map(|_| n.notifications())
+        .min()
+        .expect("10,000 reads")
+}
+
 /// Whether the notifier's fd is readable right now (`poll` with timeout 0).
 pub fn readable(fd: std::os::fd::BorrowedFd<'_>) -> bool {
     use std::os::fd::AsRawFd;
