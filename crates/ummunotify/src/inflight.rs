@@ -410,6 +410,9 @@ struct Entry {
     merged: bool,
     /// Ended by `close` (or `STUCK_GRACE`), never by naming senders.
     explicit: bool,
+    /// A fresh-watch window (no `REMOVE` was read: see [`InFlight::record_fresh`]), counted
+    /// apart from the `REMOVE`s.
+    fresh: bool,
 }
 
 /// Busy io_uring workers followed per entry; more leave the entry to its grace.
@@ -424,6 +427,9 @@ pub(crate) struct InFlight {
     pub confirmed: u64,
     pub by_grace: u64,
     pub merged: u64,
+    /// Fresh-watch windows ended by acknowledgement or exit / by grace.
+    pub fresh_confirmed: u64,
+    pub fresh_by_grace: u64,
 }
 
 /// Signals to send after the table was updated (outside the index lock).
@@ -448,6 +454,8 @@ impl Default for InFlight {
             confirmed: 0,
             by_grace: 0,
             merged: 0,
+            fresh_confirmed: 0,
+            fresh_by_grace: 0,
         }
     }
 }
@@ -483,6 +491,18 @@ impl InFlight {
     ///
     /// [`resolve`]: Self::resolve
     pub(crate) fn record(&mut self, start: u64, end: u64, explicit: bool) -> u64 {
+        self.record_as(start, end, explicit, false)
+    }
+
+    /// Records a fresh-watch window over `[start, end)`: a registration watched shared memory
+    /// just now, and a `madvise(MADV_REMOVE)` that looked for a watch before may still zap it
+    /// (`docs/ARCHITECTURE.md`, "Fresh watches of shared memory"). Resolved like a `REMOVE`
+    /// read now; counted in `fresh_confirmed` / `fresh_by_grace`.
+    pub(crate) fn record_fresh(&mut self, start: u64, end: u64) -> u64 {
+        self.record_as(start, end, false, true)
+    }
+
+    fn record_as(&mut self, start: u64, end: u64, explicit: bool, fresh: bool) -> u64 {
         let ticket = issue(&NEXT);
         let since = now_ns();
         if self.len == ENTRIES {
@@ -494,6 +514,7 @@ impl InFlight {
             // A merge that holds an explicit window ends only by grace (conservative: the
             // learnt part then waits `STUCK_GRACE` too); otherwise its senders are named again.
             last.explicit |= explicit;
+            last.fresh &= fresh;
             last.resolved = last.explicit;
             last.merged = true;
             self.merged += 1;
@@ -507,6 +528,7 @@ impl InFlight {
             // Nothing to name: `resolve` and `sweep`'s naming skip it.
             resolved: explicit,
             explicit,
+            fresh,
             ..Entry::default()
         };
         self.len += 1;
@@ -619,6 +641,35 @@ impl InFlight {
         n
     }
 
+    /// A later look at the members: a scan that started after `horizon` was read did not list
+    /// a member (it is neither running nor in `madvise` over the entry's range nor in
+    /// `process_madvise`), so it is not inside the call that sent any entry with ticket <=
+    /// `horizon` (that call began before the entry's read, or before the fresh watch, and a
+    /// call does not resume once it returned): those entries stop waiting for it. Ends entries
+    /// without a signal: threads blocked elsewhere by now, or with the signal off. A scan that
+    /// could not list every thread narrows nothing.
+    pub(crate) fn narrow(&mut self, horizon: u64, candidates: &[Candidate], overflowed: bool) {
+        if overflowed {
+            return;
+        }
+        for e in self.entries[..self.len]
+            .iter_mut()
+            .filter(|e| e.resolved && !e.explicit && e.ticket <= horizon)
+        {
+            let mut keep = Members::default();
+            for m in e.members.iter() {
+                let tid = TIDS[m].load(Relaxed);
+                if candidates
+                    .iter()
+                    .any(|c| !c.io_worker && c.tid == tid && c.start < e.end && e.start < c.end)
+                {
+                    keep.add(m);
+                }
+            }
+            e.members = keep;
+        }
+    }
+
     /// io_uring worker `tid` was seen idle (waiting for work) or gone by a look that started
     /// after `horizon` was read: it is not inside a call that sent any entry with ticket <=
     /// `horizon` (such a call began before the read and ends after its zap), so those entries
@@ -691,10 +742,11 @@ impl InFlight {
                 stuck
             };
             if confirmed || grace {
-                if confirmed {
-                    self.confirmed += 1;
-                } else {
-                    self.by_grace += 1;
+                match (e.fresh, confirmed) {
+                    (false, true) => self.confirmed += 1,
+                    (false, false) => self.by_grace += 1,
+                    (true, true) => self.fresh_confirmed += 1,
+                    (true, false) => self.fresh_by_grace += 1,
                 }
                 self.len -= 1;
                 self.entries[i] = self.entries[self.len];
@@ -1138,6 +1190,49 @@ mod tests {
         assert!(f.sweep());
         assert!(f.is_empty());
         assert_eq!(f.confirmed, 1);
+    }
+
+    #[test]
+    fn a_member_seen_out_of_the_call_later_stops_holding_its_entry() {
+        // A live thread that never runs our handler (signals are not sent in this test).
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            tx.send(crate::sys::gettid()).unwrap();
+            let _ = stop_rx.recv();
+        });
+        let tid = rx.recv().unwrap();
+        let mut f = InFlight::default();
+        let ticket = f.record_fresh(0x1000, 0x2000);
+        let h = InFlight::horizon();
+        assert!(h >= ticket);
+        let member = Candidate {
+            tid,
+            start: 0,
+            end: u64::MAX,
+            io_worker: false,
+        };
+        let _ = f.resolve(h, &[member], false);
+        // Named, alive, not acknowledged: it holds the window.
+        assert!(!f.sweep() && f.overlaps(0x1000, 0x2000));
+        // A later scan that could not list everyone proves nothing.
+        f.narrow(InFlight::horizon(), &[], true);
+        assert!(!f.sweep());
+        // One that lists it still (running, or in madvise over the range) keeps it a member.
+        f.narrow(InFlight::horizon(), &[member], false);
+        assert!(!f.sweep());
+        // In madvise over another range: out of the call that was in the window.
+        let elsewhere = Candidate {
+            start: 0x9000,
+            end: 0xa000,
+            ..member
+        };
+        f.narrow(InFlight::horizon(), &[elsewhere], false);
+        assert!(f.sweep());
+        assert!(f.is_empty());
+        assert_eq!((f.fresh_confirmed, f.confirmed), (1, 0));
+        stop_tx.send(()).unwrap();
+        t.join().unwrap();
     }
 
     #[test]

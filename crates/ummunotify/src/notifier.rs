@@ -411,8 +411,14 @@ pub struct Stats {
     /// `REMOVE`s that left the in-flight state by a grace period, unconfirmed: the residual
     /// window of `crate::inflight` (io_uring workers, other processes, signal-blocking threads).
     pub removes_by_grace: u64,
-    /// `REMOVE`s in flight now.
+    /// `REMOVE`s in flight now (fresh-watch windows included).
     pub removes_in_flight: usize,
+    /// Fresh-watch windows (a registration watched shared memory, see `docs/ARCHITECTURE.md`,
+    /// "Fresh watches of shared memory") ended by confirmation. Not counted as `REMOVE`s above.
+    pub fresh_windows_confirmed: u64,
+    /// Fresh-watch windows ended by a grace period (signals off, or a member that never
+    /// acknowledged): the residual, as for `removes_by_grace`.
+    pub fresh_windows_by_grace: u64,
     /// Successful watch calls (`UFFDIO_REGISTER`, or the hooks' filter insertions) made by
     /// registrations and re-arms (on a backend whose `Watcher::watch_persists`, a registration
     /// over pages already watched, with no unmap over them delivered since, makes none; no
@@ -773,7 +779,7 @@ impl Shared {
             self.lock_index_blocked()
                 .st
                 .inflight
-                .record(start, end, false)
+                .record_fresh(start, end)
         })
     }
 
@@ -784,6 +790,9 @@ impl Shared {
         let (s, e) = (span.watch_start, span.watch_end);
         self.wait_inflight_until(reg, |l, _, h| !l.st.inflight.overlaps_upto(s, e, h), (s, e));
     }
+
+    /// How often a wait for in-flight entries looks at their members again (a scan of the threads).
+    const NARROW_EVERY_NS: u64 = 200_000;
 
     /// Waits (bounded) until `done(locked, horizon)` holds under the index lock, naming the
     /// senders of the unresolved in-flight entries overlapping `range` and signalling them on the
@@ -800,6 +809,8 @@ impl Shared {
         let limit = crate::inflight::now_ns()
             + (crate::inflight::STUCK_GRACE.as_nanos() as u64).saturating_mul(2);
         let mut round = 0;
+        // When the members were last looked at again (`InFlight::narrow`).
+        let mut looked = crate::inflight::now_ns();
         loop {
             let mut workers = [0i32; crate::inflight::WORKERS];
             let (unresolved, n_workers) = {
@@ -848,8 +859,19 @@ impl Shared {
                     continue;
                 }
             }
-            if crate::inflight::now_ns() > limit {
+            let now = crate::inflight::now_ns();
+            if now > limit {
                 return;
+            }
+            if now.saturating_sub(looked) >= Self::NARROW_EVERY_NS {
+                // Members blocked elsewhere by now are out of the call: no signal needed.
+                looked = now;
+                let horizon = InFlight::horizon();
+                reg.scanner.scan(sys::gettid());
+                let mut l = self.lock_index_blocked();
+                let (c, overflowed) = reg.scanner.candidates();
+                l.st.inflight.narrow(horizon, c, overflowed);
+                continue;
             }
             // A pull backend closes its windows when it delivers the call's end.
             self.pull();
@@ -1792,7 +1814,13 @@ impl Notifier {
             let mut l = sh.lock_index_blocked();
             l.st.inflight.sweep();
             let f = &l.st.inflight;
-            let inflight = (f.confirmed, f.by_grace, f.len());
+            let inflight = (
+                f.confirmed,
+                f.by_grace,
+                f.len(),
+                f.fresh_confirmed,
+                f.fresh_by_grace,
+            );
             (l.st.queued, l.st.stray_overflow, inflight)
         };
         Stats {
@@ -1810,6 +1838,8 @@ impl Notifier {
             removes_confirmed: inflight.0,
             removes_by_grace: inflight.1,
             removes_in_flight: inflight.2,
+            fresh_windows_confirmed: inflight.3,
+            fresh_windows_by_grace: inflight.4,
             watch_calls,
             hooks_only_watches: sh.watcher.hooks_only(),
             all_changed: sh.all_changed.load(Relaxed),

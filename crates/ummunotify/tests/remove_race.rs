@@ -356,11 +356,14 @@ fn stress(kind: RemoveKind, secs: f64) -> Option<[Tally; 3]> {
         ("cache", cache.notifier().stats()),
     ] {
         eprintln!(
-            "remove_race kind={} path={name} removes_confirmed={} removes_by_grace={} in_flight={}",
+            "remove_race kind={} path={name} removes_confirmed={} removes_by_grace={} in_flight={} \
+             fresh_windows={} fresh_by_grace={}",
             kind.name(),
             st.removes_confirmed,
             st.removes_by_grace,
-            st.removes_in_flight
+            st.removes_in_flight,
+            st.fresh_windows_confirmed,
+            st.fresh_windows_by_grace
         );
     }
     drop(cache);
