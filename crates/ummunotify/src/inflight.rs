@@ -1162,6 +1162,22 @@ pub(crate) fn parse_syscall(line: &[u8], tid: i32) -> Option<Candidate> {
 mod tests {
     use super::*;
 
+    /// A live thread of this process that waits (in a futex, never running our handler) until
+    /// its sender is used or dropped: its tid, the release, the handle.
+    fn parked_thread() -> (
+        i32,
+        std::sync::mpsc::Sender<()>,
+        std::thread::JoinHandle<()>,
+    ) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            tx.send(crate::sys::gettid()).unwrap();
+            let _ = go_rx.recv();
+        });
+        (rx.recv().unwrap(), go_tx, t)
+    }
+
     #[test]
     fn member_sets_iterate_their_members() {
         let mut m = Members::default();
@@ -1195,13 +1211,7 @@ mod tests {
     #[test]
     fn a_member_seen_out_of_the_call_later_stops_holding_its_entry() {
         // A live thread that never runs our handler (signals are not sent in this test).
-        let (tx, rx) = std::sync::mpsc::channel();
-        let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
-        let t = std::thread::spawn(move || {
-            tx.send(crate::sys::gettid()).unwrap();
-            let _ = stop_rx.recv();
-        });
-        let tid = rx.recv().unwrap();
+        let (tid, stop_tx, t) = parked_thread();
         let mut f = InFlight::default();
         let ticket = f.record_fresh(0x1000, 0x2000);
         let h = InFlight::horizon();
@@ -1268,13 +1278,7 @@ mod tests {
 
     #[test]
     fn a_task_file_of_a_thread_that_is_gone_reads_dead() {
-        let (tx, rx) = std::sync::mpsc::channel();
-        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
-        let t = std::thread::spawn(move || {
-            tx.send(crate::sys::gettid()).unwrap();
-            go_rx.recv().unwrap();
-        });
-        let tid = rx.recv().unwrap();
+        let (tid, go_tx, t) = parked_thread();
         let path = std::ffi::CString::new(format!("/proc/self/task/{tid}/syscall")).unwrap();
         // SAFETY: a NUL-terminated path; closed below.
         let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
