@@ -5,7 +5,10 @@
 # invocation, ROUNDS times (default 3), reporting medians of the rounds and of the round-by-round
 # ratios (the machine is noisy: only same-run ratios mean anything). The C library's hit
 # (ummunotify_cache_get + _put through libummunotify.so) is measured by umn bench, batch by
-# batch against the Rust hit in the same process (row cache_hit_c).
+# batch against the Rust hit in the same process (row cache_hit_c), and again from C by
+# bench/call_floor.c, batch by batch against the floor: two calls into a .so with the same
+# signatures that do no lookup at all. No out-of-line get + put (ours or UCX's) is cheaper than
+# that floor, so a "C hit / UCX" target below "floor / UCX" can not be met by such a library here.
 #
 # Builds the UCX harness from ../shared/peers/ucx against the PyPI wheel libucx-cu12==1.22.0
 # (downloaded with pip into $UCX_WORK, default /tmp/umn-ucx; nothing is written to the repo).
@@ -51,6 +54,14 @@ if [ "${1:-}" = "--setup-only" ]; then echo "$BIN"; exit 0; fi
 # Our side first, then UCX right after.
 (cd "$REPO" && cargo build --release -q -p umn -p ummunotify-capi) || { echo "ucx_compare: cargo build failed" >&2; exit 1; }
 UMN=${CARGO_TARGET_DIR:-$REPO/target}/release/umn
+# The C hit and its floor (bench/call_floor.c), against the library just built.
+FLOOR_DIR=$WORK/floor
+mkdir -p "$FLOOR_DIR" && cp "${CARGO_TARGET_DIR:-$REPO/target}/release/libummunotify.so" "$FLOOR_DIR/libummunotify.so.0" &&
+  ln -sf libummunotify.so.0 "$FLOOR_DIR/libummunotify.so" || { echo "ucx_compare: can not stage libummunotify.so in $FLOOR_DIR" >&2; exit 1; }
+gcc -O2 -Wall -Werror -shared -fPIC -DUMN_FLOOR_LIB -o "$FLOOR_DIR/libumnfloor.so" "$REPO/bench/call_floor.c" &&
+  gcc -O2 -Wall -Werror -I"$REPO/include" -o "$FLOOR_DIR/call_floor" "$REPO/bench/call_floor.c" \
+    -L"$FLOOR_DIR" -lumnfloor -lummunotify -Wl,-rpath,"$FLOOR_DIR" ||
+  { echo "ucx_compare: gcc could not build bench/call_floor.c" >&2; exit 1; }
 # ROUNDS rounds, each ours then UCX right after: the machine's speed drifts over minutes (the
 # same harness read 16 ns in one run and 27 ns in the next), so every figure below is the median
 # of its rounds and every ratio is taken round by round, then the median of those.
@@ -59,6 +70,8 @@ TMP=$(mktemp -d) || fail "mktemp failed"
 trap 'rm -rf "$TMP"' EXIT
 for r in $(seq 1 "$ROUNDS"); do
   "$UMN" bench --json >"$TMP/ours.$r" || { echo "ucx_compare: umn bench failed" >&2; exit 1; }
+  "$FLOOR_DIR/call_floor" >"$TMP/floor.$r" || { echo "ucx_compare: bench/call_floor.c failed" >&2; exit 1; }
+  sed "s/^/round $r: /" "$TMP/floor.$r"
   UCX_LOG_LEVEL=error "$BIN" "$ITERS" 20000 >"$TMP/ucx.$r" 2>&1 ||
     fail "the UCX harness failed: $(tail -3 "$TMP/ucx.$r")"
   # The same harness with mlock/munlock as UCX's mem_reg/mem_dereg, for the mlock miss.
@@ -87,11 +100,20 @@ for r in range(1, rounds + 1):
     if "cache_hit_c" not in ours:
         print("ucx_compare: umn bench gave no cache_hit_c row (see its stderr)", file=sys.stderr); sys.exit(2)
     ucx, mlock = text("ucx", r), text("mlock", r)
+    floor = {}
+    for l in text("floor", r).splitlines():
+        m = re.match(r"(C HIT|FLOOR) .*median=([\d.]+) ns", l)
+        if m:
+            floor[m.group(1)] = float(m.group(2))
+    if len(floor) != 2:
+        print("ucx_compare: bench/call_floor.c printed no C HIT / FLOOR line", file=sys.stderr); sys.exit(2)
     rows.append({
         "hit": ours["cache_hit"]["ns_per_op"],
         "ucx_hit": stat(ucx, HIT, "hit"),
         "c_hit": ours["cache_hit_c"]["ns_per_op"],
         "rust_paired": ours["cache_hit_c"]["baseline"],
+        "c_hit_plt": floor["C HIT"],
+        "floor": floor["FLOOR"],
         "miss": ours["cache_miss"]["ns_per_op"],
         "ucx_miss": stat(ucx, MISS, "no-op registrar"),
         "miss_mlock": ours["cache_miss_mlock"]["ns_per_op"],
@@ -101,7 +123,8 @@ med = lambda f: statistics.median(f(x) for x in rows)
 print()
 for r, x in enumerate(rows, 1):
     print(f"round {r}: hit {x['hit']:.1f} ns, C hit {x['c_hit']:.1f} (Rust alongside {x['rust_paired']:.1f}),"
-          f" UCX hit {x['ucx_hit'][0]:.0f}; miss {x['miss']:.0f} ns, UCX miss mean {x['ucx_miss'][1]:.1f}")
+          f" UCX hit {x['ucx_hit'][0]:.0f}; from C: hit {x['c_hit_plt']:.1f}, floor {x['floor']:.1f};"
+          f" miss {x['miss']:.0f} ns, UCX miss mean {x['ucx_miss'][1]:.1f}")
 print()
 print(f"medians of {rounds} rounds (ours, then UCX right after, in each round)")
 print(f"ummunotify cache hit (get + drop, median of batch means): {med(lambda x: x['hit']):6.1f} ns")
@@ -111,6 +134,10 @@ print(f"C library hit (ummunotify_cache_get + _put, .so):         {med(lambda x:
 print(f"Rust hit measured alongside it (paired batches):          {med(lambda x: x['rust_paired']):6.1f} ns")
 print(f"ratio C hit / Rust hit:                                   {med(lambda x: x['c_hit'] / x['rust_paired']):6.2f}  (target <= 1.5)")
 print(f"ratio C hit / UCX (median):                               {med(lambda x: x['c_hit'] / x['ucx_hit'][0]):6.2f}  (target <= 0.35)")
+print(f"C hit from C (call_floor.c, direct calls):                {med(lambda x: x['c_hit_plt']):6.1f} ns")
+print(f"floor: two empty calls, same signatures, no lookup:       {med(lambda x: x['floor']):6.1f} ns")
+print(f"ratio floor / UCX (median): the least any out-of-line C hit can reach {med(lambda x: x['floor'] / x['ucx_hit'][0]):6.2f}")
+print(f"ratio C hit from C / floor (median):                      {med(lambda x: x['c_hit_plt'] / x['floor']):6.2f}")
 # Misses: ours is the mean over the run (total time / misses); UCX's per-call samples give both.
 for key, what in (("miss", "no-op registrar"), ("miss_mlock", "mlock registrar")):
     ucx = "ucx_" + key
