@@ -16,7 +16,9 @@ fn notifier() -> Notifier {
 #[test]
 fn munmap_invalidates_before_it_returns_and_reports_the_callers_range() {
     let n = notifier();
-    let p = map(4 * PAGE);
+    // Low, where no other test maps: the region stays registered after the munmap, and another
+    // test's change at reused addresses would coalesce into this event and clear its hint.
+    let p = map_low(4 * PAGE);
     // A sub-page range: events report it as given, not rounded.
     let r = n.register(p + 100..p + 2 * PAGE + 7, Cookie(1)).unwrap();
     let g = n.generation().unwrap();
@@ -206,7 +208,9 @@ fn fd_asked_for_after_the_event_is_readable_at_once() {
 #[test]
 fn read_events_in_small_batches_reports_drained_only_at_the_end() {
     let n = notifier();
-    let p = map(10 * PAGE);
+    // Low, where no other test maps: the regions stay registered over the hole, and another
+    // test's change at reused addresses would be a second event for a region already read.
+    let p = map_low(10 * PAGE);
     for i in 0..10 {
         n.register(p + i * PAGE..p + (i + 1) * PAGE, Cookie(i as u64))
             .unwrap();
@@ -459,7 +463,9 @@ fn pages_a_foreign_userfaultfd_owns_get_range_busy_and_change_nothing() {
 fn notification_count_is_the_2010_counter_exactly() {
     let n = notifier();
     assert_eq!(notifications(&n), 0);
-    let p = map(3 * PAGE);
+    // Low, where no other test maps: region 1 stays registered after the munmap below, and a
+    // message of another test's watch at reused addresses would count for it.
+    let p = map_low(3 * PAGE);
     // Three VMAs: the middle page gets other protections.
     // SAFETY: our own fresh mapping.
     assert_eq!(
