@@ -9,7 +9,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use ummunotify_testkit::changes::{
     case_json, child_case_from_env, parse_case_json, print_child_report, run_case, run_in_child,
-    CaseReport, ChangeKind, NaiveWatcher, Watcher,
+    CaseReport, ChangeKind, NaiveWatcher, WatchError, Watcher,
 };
 use ummunotify_testkit::pagemap::{page_size, pfn};
 use ummunotify_testkit::require::or_skip;
@@ -272,7 +272,7 @@ struct Intruder {
 }
 
 impl Watcher for Intruder {
-    fn watch(&mut self, range: std::ops::Range<usize>) -> Result<(), String> {
+    fn watch(&mut self, range: std::ops::Range<usize>) -> Result<(), WatchError> {
         self.armed = self.intrusions > 0;
         self.inner.watch(range)
     }
@@ -344,4 +344,66 @@ fn a_taken_address_is_retried_then_inconclusive_never_a_miss() {
     assert!(reason.contains("rw-p"), "the intruder's maps line: {json}");
     assert!(json.contains("\"detected\":null"), "{json}");
     assert!(!report.passed() && !report.missed_expected(), "{json}");
+}
+
+/// A watcher that refuses every mapping by type (as ummunotify's userfaultfd backend refuses a
+/// SysV segment on Linux 6.1), expected or not to see the kind.
+struct Refuser {
+    expected: bool,
+}
+
+impl Watcher for Refuser {
+    fn watch(&mut self, _range: std::ops::Range<usize>) -> Result<(), WatchError> {
+        Err(WatchError::Refused(
+            "the kernel can not watch this mapping".into(),
+        ))
+    }
+    fn is_valid(&mut self) -> bool {
+        unreachable!("a refused watch is never checked")
+    }
+    fn counter_moved(&mut self) -> bool {
+        unreachable!("a refused watch is never checked")
+    }
+    fn events(&mut self) -> Vec<(std::ops::Range<usize>, bool)> {
+        unreachable!("a refused watch is never checked")
+    }
+    fn unwatch(&mut self) {}
+    fn expects(&self, _kind: ChangeKind) -> bool {
+        self.expected
+    }
+}
+
+/// A typed refusal of a kind the watcher is not expected to see is an expected miss (a note,
+/// no problem: `umn coverage` lists it as missed, and its exit status stays 0); of a kind it is
+/// expected to see, a problem.
+#[test]
+fn a_typed_refusal_is_an_expected_miss_only_where_no_event_is_expected() {
+    let _g = serial();
+    let Some(report) = or_skip(
+        "shmdt",
+        run_case(ChangeKind::Shmdt, &mut Refuser { expected: false }),
+    ) else {
+        return;
+    };
+    assert!(report.problems.is_empty(), "{}", case_json(&report));
+    assert!(report.inconclusive.is_none(), "{}", case_json(&report));
+    assert!(
+        !report.detected && !report.expected,
+        "{}",
+        case_json(&report)
+    );
+    assert!(
+        report
+            .notes
+            .iter()
+            .any(|n| n.contains("refuses this mapping")),
+        "{}",
+        case_json(&report)
+    );
+    let report = run_case(ChangeKind::Shmdt, &mut Refuser { expected: true }).expect("run_case");
+    assert!(
+        report.problems.iter().any(|p| p.contains("refused")),
+        "{}",
+        case_json(&report)
+    );
 }

@@ -2,7 +2,7 @@
 use std::ops::Range;
 
 use ummunotify::{Backend, Cookie, Event, Generation, Notifier, Region};
-use ummunotify_testkit::changes::{ChangeKind, Watcher};
+use ummunotify_testkit::changes::{ChangeKind, WatchError, Watcher};
 
 /// Watches one range with a real notifier.
 #[derive(Debug)]
@@ -26,11 +26,15 @@ impl<'n> NotifierWatcher<'n> {
 }
 
 impl Watcher for NotifierWatcher<'_> {
-    fn watch(&mut self, range: Range<usize>) -> Result<(), String> {
+    fn watch(&mut self, range: Range<usize>) -> Result<(), WatchError> {
         let region = self
             .notifier
             .register(range, self.cookie)
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| match e {
+                // The backend can not watch this mapping and tells every registration so.
+                ummunotify::Error::UnsupportedMapping(_) => WatchError::Refused(e.to_string()),
+                e => WatchError::Failed(e.to_string()),
+            })?;
         self.region = Some(region);
         self.since = Some(self.notifier.generation().map_err(|e| e.to_string())?);
         Ok(())

@@ -21,7 +21,7 @@ use std::time::Duration;
 use ummunotify::Generation;
 use ummunotify_fabric::abi::{FiOpsMemMonitor, FiOpsMemNotify, FidMemMonitor};
 use ummunotify_fabric::Monitor;
-use ummunotify_testkit::changes::Watcher;
+use ummunotify_testkit::changes::{WatchError, Watcher};
 
 /// Which libfabric's cache behaviour to reproduce.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -280,10 +280,10 @@ impl<'d> FabricWatcher<'d> {
 }
 
 impl Watcher for FabricWatcher<'_> {
-    fn watch(&mut self, range: Range<usize>) -> Result<(), String> {
+    fn watch(&mut self, range: Range<usize>) -> Result<(), WatchError> {
         let rc = self.driver.register(range.clone());
         if rc != 0 {
-            return Err(format!("subscribe returned {rc}"));
+            return Err(format!("subscribe returned {rc}").into());
         }
         self.since = Some(self.driver.generation());
         self.range = Some(range);

@@ -25,7 +25,7 @@ pub use child::{
 pub use json::{case_json, parse_case_json, quote as json_string};
 pub use report::CaseReport;
 pub use run::{run_case, TRIES};
-pub use watcher::{NaiveWatcher, Watcher};
+pub use watcher::{NaiveWatcher, WatchError, Watcher};
 
 use std::fmt;
 

@@ -1,8 +1,39 @@
 //! The trait through which a case drives the thing under test, and a naive implementation.
 
+use std::fmt;
 use std::ops::Range;
 
 use super::ChangeKind;
+
+/// Why [`Watcher::watch`] did not watch a range.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum WatchError {
+    /// The thing under test refuses this kind of mapping with a typed error it gives every
+    /// registration of it (ummunotify's `UnsupportedMapping`: the kernel can not watch the
+    /// mapping). Nothing can be used stale through a refused registration; for a kind the
+    /// watcher is not expected to see, the case is an expected miss, not a problem.
+    Refused(String),
+    /// Any other failure: the case records it as a problem.
+    Failed(String),
+}
+
+impl fmt::Display for WatchError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WatchError::Refused(why) => write!(f, "refused: {why}"),
+            WatchError::Failed(why) => f.write_str(why),
+        }
+    }
+}
+
+impl std::error::Error for WatchError {}
+
+impl From<String> for WatchError {
+    fn from(why: String) -> Self {
+        WatchError::Failed(why)
+    }
+}
 
 /// The thing under test: something that watches one address range for mapping changes.
 ///
@@ -13,8 +44,10 @@ pub trait Watcher {
     ///
     /// # Errors
     ///
-    /// A description of why the range can not be watched; the case records it as a problem.
-    fn watch(&mut self, range: Range<usize>) -> Result<(), String>;
+    /// [`WatchError::Refused`] for a mapping the watcher refuses by type (an expected miss
+    /// where [`expects`](Self::expects) is false, a problem otherwise); [`WatchError::Failed`]
+    /// for anything else (a problem).
+    fn watch(&mut self, range: Range<usize>) -> Result<(), WatchError>;
     /// Per-region validity check, made right after the change returned.
     fn is_valid(&mut self) -> bool;
     /// Whether the shared generation counter moved since watch().
@@ -52,7 +85,7 @@ impl NaiveWatcher {
 }
 
 impl Watcher for NaiveWatcher {
-    fn watch(&mut self, range: Range<usize>) -> Result<(), String> {
+    fn watch(&mut self, range: Range<usize>) -> Result<(), WatchError> {
         self.range = Some(range);
         Ok(())
     }
