@@ -312,6 +312,59 @@ mod loom_model {
         });
     }
 
+    /// Hybrid: a hooked call invalidates the region in its own thread (`invalidate_in_thread`,
+    /// under the index lock) while the monitor applies a message for other pages, which hits
+    /// nothing and would give the counter back (`end`'s cancel). A checker takes its snapshot
+    /// and validates the region meanwhile, as a cache miss does. Once the hooked call returned,
+    /// that snapshot must not pass with the region valid: `overlapped` (set under the lock when
+    /// the counter is busy) makes the message's end move the counter on instead.
+    #[test]
+    fn an_invalidation_in_thread_during_a_message_that_hits_nothing() {
+        loom::model(|| {
+            let w = world(false);
+            let overlapped = Arc::new(AtomicBool::new(false));
+            let m = {
+                let (w, overlapped) = (w.clone(), overlapped.clone());
+                loom::thread::spawn(move || {
+                    {
+                        let _l = w.index.lock().unwrap();
+                        begin_message(&w.counter);
+                    }
+                    // read(), apply: no region hit. Then `end`, the cancel path.
+                    let _l = w.index.lock().unwrap();
+                    if overlapped.swap(false, Relaxed) {
+                        end_message(&w.counter);
+                    } else {
+                        cancel_message(&w.counter);
+                    }
+                })
+            };
+            let c = {
+                let w = w.clone();
+                loom::thread::spawn(move || {
+                    let snapshot = wait_idle(&w.counter).unwrap();
+                    (snapshot, region_valid(&w.counter, &w.word, 2, || {}))
+                })
+            };
+            // The hooked call's thread: invalidate, then return.
+            {
+                let _l = w.index.lock().unwrap();
+                if w.counter.load(Relaxed) & BUSY != 0 {
+                    overlapped.store(true, Relaxed);
+                }
+                begin_message(&w.counter);
+                w.word.fetch_or(1, Relaxed);
+                end_message(&w.counter);
+            }
+            let (snapshot, valid) = c.join().unwrap();
+            m.join().unwrap();
+            assert!(
+                !(valid && unchanged(&w.counter, Generation(snapshot), || {})),
+                "a snapshot that saw the region valid passes after the invalidation returned"
+            );
+        });
+    }
+
     /// Readiness: from the moment the unmapping call returns, the fd is readable, even with a
     /// reader concurrently clearing readiness left over from an earlier event.
     #[test]

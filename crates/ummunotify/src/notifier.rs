@@ -23,7 +23,7 @@ use crate::backend::{self, Backend, Delivery, Watcher};
 use crate::cookies::CookieTable;
 use crate::coverage::Coverage;
 use crate::event::{self, Event, Hint, MANY, PENDING};
-use crate::generation::{self, Generation, DEAD, FORKED};
+use crate::generation::{self, Generation, BUSY, DEAD, FORKED};
 use crate::index::{IntervalIndex, Node, Nodes, TAG_MAX};
 use crate::inflight::{InFlight, Scanner};
 use crate::queue::QueueBits;
@@ -462,6 +462,12 @@ pub(crate) struct Shared {
     holes: AtomicUsize,
     /// The message being applied made the readiness fd readable (monitor only).
     readied_by_message: AtomicBool,
+    /// An invalidation in a user thread (hooks, hybrid) moved the counter while a monitor
+    /// message was between `begin` and `end` (set and, in the cancel path, read under the index
+    /// lock). That message's `end` must then move the counter on instead of giving it back: a
+    /// snapshot taken inside the user thread's invalidation read an even value, and a cancel
+    /// would bring the counter back to exactly that value with the invalidation applied.
+    overlapped: AtomicBool,
 }
 
 /// The readiness eventfd, written only once somebody can be waiting on it.
@@ -682,6 +688,15 @@ impl Shared {
         if !l.st.ready {
             l.st.ready = true;
             self.ready.signal();
+        }
+    }
+
+    /// Before an invalidation outside the monitor's message (index lock held, `_l`): if a
+    /// monitor message is between `begin` and `end` (the counter is busy, and only the monitor
+    /// leaves it busy outside the lock), its `end` must not cancel (see `overlapped`).
+    fn note_overlap(&self, _l: &Locked<'_>) {
+        if self.counter().load(Relaxed) & BUSY != 0 {
+            self.overlapped.store(true, Relaxed);
         }
     }
 
@@ -1091,6 +1106,7 @@ impl Notifier {
             message_hit: AtomicBool::new(false),
             holes: AtomicUsize::new(0),
             readied_by_message: AtomicBool::new(false),
+            overlapped: AtomicBool::new(false),
         });
         let fork_slot = fork::Slot::new(shared.counter.addr()).ok_or(Error::Os {
             op: "fork registration",
@@ -1985,10 +2001,19 @@ impl Sink for Shared {
         let hit = self.message_hit.swap(false, Relaxed);
         generation::settle_notification(self.counter.notification_word(), hit);
         if hit {
+            // The counter moves on anyway. (A flag set after this swap, by an invalidation that
+            // saw this message busy, carries to the next message: one spurious move, safe.)
+            self.overlapped.store(false, Relaxed);
             generation::end_message(self.counter());
             return;
         }
         let mut l = self.lock_index();
+        // Under the lock: an in-thread invalidation either ran before (and set the flag) or
+        // runs after the counter is even again (and so never overlaps this message).
+        if self.overlapped.swap(false, Relaxed) {
+            generation::end_message(self.counter());
+            return;
+        }
         if self.readied_by_message.load(Relaxed) && l.st.ready && l.st.queued == 0 {
             self.ready.drain();
             l.st.ready = false;
@@ -2019,6 +2044,7 @@ impl Sink for Shared {
             }
             return;
         }
+        self.note_overlap(&l);
         generation::begin_message(self.counter());
         // A region is hit (checked above): a 2010 notification, counted for good.
         generation::count_notification(self.counter.notification_word());
@@ -2035,6 +2061,7 @@ impl Sink for Shared {
     fn invalidate_all(&self) {
         self.all_changed.fetch_add(1, Relaxed);
         let mut l = self.lock_index();
+        self.note_overlap(&l);
         generation::begin_message(self.counter());
         self.messages.fetch_add(1, Relaxed);
         let (newly, hits) = l.invalidate(0, u64::MAX, false, false);
