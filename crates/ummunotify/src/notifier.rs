@@ -798,6 +798,40 @@ impl Shared {
         })
     }
 
+    /// [`Notifier::mapped`]'s fresh-watch window over `[start, end)`, just watched (registry lock
+    /// held): waited for as in `register_impl`; if it is still open then, every region over the
+    /// range is invalidated with an event, as a message would (the counter moves, the 2010 count
+    /// too), since those regions may be cached already.
+    fn fresh_window_after_mapped(&self, reg: &mut Registry, start: u64, end: u64) {
+        let Some(ticket) = self.open_fresh_window(reg, start, end, None) else {
+            return;
+        };
+        let span = Span {
+            start,
+            end,
+            watch_start: start,
+            watch_end: end,
+        };
+        self.wait_inflight(reg, &span);
+        let mut l = self.lock_index_blocked();
+        l.st.inflight.sweep();
+        if !l.st.inflight.overlaps_upto(start, end, ticket) {
+            return;
+        }
+        self.note_overlap(&l);
+        generation::begin_message(self.counter());
+        let (newly, hits) = l.invalidate(start, end, false, false);
+        if hits > 0 {
+            // A region is hit (a widened watch may cover pages no region holds): counted.
+            generation::count_notification(self.counter.notification_word());
+        }
+        self.invalidations.fetch_add(hits, Relaxed);
+        if newly {
+            self.signal_ready(&mut l);
+        }
+        generation::end_message(self.counter());
+    }
+
     /// Waits until no `REMOVE` in flight overlaps `span` (user threads; registry lock held). The
     /// wait is bounded by the table's grace periods; a registration still overlapping one then
     /// is born invalid with an event (see `register`).
@@ -1242,9 +1276,17 @@ impl Notifier {
         let Registry {
             coverage, budget, ..
         } = &mut *reg;
+        let mut watched = Vec::new();
         coverage.for_each_covered(start, end, |s, e| {
-            let _ = sh.watch_mapped_parts(budget, s, e);
+            if sh.watch_mapped_parts(budget, s, e).is_ok() {
+                watched.push((s, e));
+            }
         });
+        // As after a registration's watch: shared memory just watched may be about to be
+        // punched by a `MADV_REMOVE` that found no watch ("Fresh watches of shared memory").
+        for (s, e) in watched {
+            sh.fresh_window_after_mapped(&mut reg, s, e);
+        }
         Ok(())
     }
 

@@ -323,3 +323,82 @@ fn a_register_over_an_unannounced_fill_of_a_hole_watches_it() {
         );
     });
 }
+
+/// Maps `len` bytes of a fresh memfd, shared, at `addr` (which must be free), and touches them.
+fn map_shared_at(addr: usize, len: usize) {
+    // SAFETY: a NUL-terminated name; the fd is closed below (the mapping keeps the file).
+    let fd = unsafe { libc::memfd_create(c"umn-holes-shared".as_ptr(), libc::MFD_CLOEXEC) };
+    assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
+    // SAFETY: our fresh memfd.
+    assert_eq!(unsafe { libc::ftruncate(fd, len as libc::off_t) }, 0);
+    // SAFETY: maps the memfd at a free address of ours (NOREPLACE: nothing else is replaced).
+    let p = unsafe {
+        libc::mmap(
+            addr as *mut libc::c_void,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_FIXED_NOREPLACE,
+            fd,
+            0,
+        )
+    };
+    // SAFETY: closes our own fd.
+    unsafe { libc::close(fd) };
+    assert_eq!(p as usize, addr, "{}", std::io::Error::last_os_error());
+    // SAFETY: the mapping was just made, read-write, `len` bytes.
+    unsafe { std::ptr::write_bytes(addr as *mut u8, 1, len) };
+}
+
+/// Fresh-watch windows this notifier has seen end (by confirmation or by grace).
+fn windows(n: &Notifier) -> (u64, u64) {
+    let s = n.stats();
+    (s.fresh_windows_confirmed, s.fresh_windows_by_grace)
+}
+
+/// Shared memory announced into a hole gets the fresh-watch window a registration's watch of
+/// shared memory gets (ARCHITECTURE.md, "Fresh watches of shared memory": a `MADV_REMOVE` that
+/// looked for a watch before this one may still punch): one window per announcement, none for
+/// private memory, and the memory is watched from then on.
+#[test]
+fn shared_memory_announced_into_a_hole_opens_a_fresh_watch_window() {
+    let _s = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let n = notifier(Backend::Userfaultfd);
+    let pg = page();
+    let a = map_low(2 * pg);
+    unmap(a, 2 * pg);
+    let r = n.register_any(a..a + 2 * pg, Cookie(3)).unwrap();
+    // Private memory: no window.
+    let before = windows(&n);
+    remap_hole(a, pg);
+    n.mapped(a..a + pg).unwrap();
+    assert_eq!(windows(&n), before, "a window for private memory");
+    assert!(n.is_valid(r));
+    // Shared memory: one window, ended before `mapped` returned.
+    map_shared_at(a + pg, pg);
+    n.mapped(a + pg..a + 2 * pg).unwrap();
+    let after = windows(&n);
+    assert_eq!(
+        after.0 + after.1,
+        before.0 + before.1 + 1,
+        "no fresh-watch window for shared memory announced into a hole"
+    );
+    // One event covering the shared page, its range as `Event::range` gives it.
+    let one_over_shared = |n: &Notifier| {
+        let ev = events(n);
+        assert_eq!(ev.len(), 1, "{ev:?}");
+        assert!(ev[0].start <= a + pg && a + 2 * pg <= ev[0].end, "{ev:?}");
+    };
+    // A window still open when the wait gave up holds the region invalid, with its event;
+    // one that ended (confirmed, or by its grace: the punch is taken to be done by then, as for
+    // a `REMOVE`) leaves it valid.
+    if !n.is_valid(r) {
+        one_over_shared(&n);
+    }
+    // Watched: its unmap is seen.
+    let r = n.region(Cookie(3)).unwrap();
+    unmap(a + pg, pg);
+    assert!(!n.is_valid(r));
+    one_over_shared(&n);
+    n.unregister(Cookie(3)).unwrap();
+    unmap(a, pg);
+}
