@@ -691,13 +691,34 @@ impl Shared {
         }
     }
 
-    /// Before an invalidation outside the monitor's message (index lock held, `_l`): if a
-    /// monitor message is between `begin` and `end` (the counter is busy, and only the monitor
-    /// leaves it busy outside the lock), its `end` must not cancel (see `overlapped`).
-    fn note_overlap(&self, _l: &Locked<'_>) {
+    /// An invalidation of `[start, end)` made outside the monitor's messages (in-thread hooks,
+    /// `invalidate_all`, a `mapped` window still open; index lock held), applied as one message
+    /// of its own: counter odd, `INVALID` and queue, a 2010 notification if a region was hit
+    /// (a widened watch may cover pages no region holds), counter even. If a monitor message is
+    /// between `begin` and `end` meanwhile (the counter is busy, and only the monitor leaves it
+    /// busy outside the lock), its `end` must not cancel (see `overlapped`). Returns the hits.
+    fn invalidate_as_message(
+        &self,
+        l: &mut Locked<'_>,
+        start: u64,
+        end: u64,
+        unmap: bool,
+        again: bool,
+    ) -> u64 {
         if self.counter().load(Relaxed) & BUSY != 0 {
             self.overlapped.store(true, Relaxed);
         }
+        generation::begin_message(self.counter());
+        let (newly, hits) = l.invalidate(start, end, unmap, again);
+        if hits > 0 {
+            generation::count_notification(self.counter.notification_word());
+        }
+        self.invalidations.fetch_add(hits, Relaxed);
+        if newly {
+            self.signal_ready(l);
+        }
+        generation::end_message(self.counter());
+        hits
     }
 
     /// A pull backend's probe, run before a check (see `generation::PULL`).
@@ -818,18 +839,7 @@ impl Shared {
         if !l.st.inflight.overlaps_upto(start, end, ticket) {
             return;
         }
-        self.note_overlap(&l);
-        generation::begin_message(self.counter());
-        let (newly, hits) = l.invalidate(start, end, false, false);
-        if hits > 0 {
-            // A region is hit (a widened watch may cover pages no region holds): counted.
-            generation::count_notification(self.counter.notification_word());
-        }
-        self.invalidations.fetch_add(hits, Relaxed);
-        if newly {
-            self.signal_ready(&mut l);
-        }
-        generation::end_message(self.counter());
+        self.invalidate_as_message(&mut l, start, end, false, false);
     }
 
     /// Waits until no `REMOVE` in flight overlaps `span` (user threads; registry lock held). The
@@ -2086,35 +2096,17 @@ impl Sink for Shared {
             }
             return;
         }
-        self.note_overlap(&l);
-        generation::begin_message(self.counter());
-        // A region is hit (checked above): a 2010 notification, counted for good.
-        generation::count_notification(self.counter.notification_word());
+        // A region is hit (checked above): its 2010 notification is counted for good.
         self.messages.fetch_add(1, Relaxed);
-        let (newly, hits) = l.invalidate(start, end, unmap, again);
-        self.invalidations.fetch_add(hits, Relaxed);
-        if newly {
-            self.signal_ready(&mut l);
-        }
-        generation::end_message(self.counter());
+        self.invalidate_as_message(&mut l, start, end, unmap, again);
     }
 
     /// Every region invalid, each with an event for its whole range (not an unmap: watches stay).
     fn invalidate_all(&self) {
         self.all_changed.fetch_add(1, Relaxed);
         let mut l = self.lock_index();
-        self.note_overlap(&l);
-        generation::begin_message(self.counter());
         self.messages.fetch_add(1, Relaxed);
-        let (newly, hits) = l.invalidate(0, u64::MAX, false, false);
-        self.invalidations.fetch_add(hits, Relaxed);
-        if hits > 0 {
-            generation::count_notification(self.counter.notification_word());
-        }
-        if newly {
-            self.signal_ready(&mut l);
-        }
-        generation::end_message(self.counter());
+        self.invalidate_as_message(&mut l, 0, u64::MAX, false, false);
     }
 
     /// A `REMOVE` (or another announced invalidation) is in flight until its end is known
