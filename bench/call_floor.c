@@ -8,13 +8,11 @@
  * which hit-time targets a library called like this can meet here at all; UCX's
  * ucs_rcache_get + _put pays the same two calls.
  *
- * Built twice by bench/ucx_compare.sh: with -DUMN_FLOOR_LIB -shared -fPIC as the floor's
- * library (libumnfloor.so), and as the driver, linked with it and with libummunotify.so:
+ * Built twice by bench/call_floor.sh (which bench/ucx_compare.sh and CI run): with
+ * -DUMN_FLOOR_LIB -shared -fPIC as the floor's library (libumnfloor.so), and as the driver,
+ * linked with it and with libummunotify.so:
  *
- *   gcc -O2 -shared -fPIC -DUMN_FLOOR_LIB -o DIR/libumnfloor.so bench/call_floor.c
- *   gcc -O2 -Iinclude -o DIR/call_floor bench/call_floor.c -LDIR -lumnfloor -lummunotify \
- *       -Wl,-rpath,DIR      (DIR also holds libummunotify.so.0 and its libummunotify.so link)
- *   DIR/call_floor [batches]       (default 100 batches of 1000 pairs each, alternating)
+ *   bench/call_floor.sh [batches]  (default 100 batches of 1000 pairs each, alternating)
  *
  * Prints two lines in the UCX harness's format (median of the batch means, ns per get + put).
  */
@@ -42,12 +40,9 @@ void umn_floor_put(floor_handle *h) {
     h->opaque[0] = 0;
 }
 #else
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <time.h>
 
+#include "probe.h"
 #include "ummunotify.h"
 
 int umn_floor_get(const void *cache, size_t addr, size_t len, floor_handle *out);
@@ -61,17 +56,6 @@ static int reg(void *ctx, size_t start, size_t len, uint64_t *key) {
 static int dereg(void *ctx, size_t start, size_t len, uint64_t key) {
   (void)ctx, (void)start, (void)len, (void)key;
   return 0;
-}
-
-static uint64_t now_ns(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
-}
-
-static int cmp(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
 }
 
 #define PER 1000
@@ -100,12 +84,13 @@ int main(int argc, char **argv) {
     return 1;
   }
   ummunotify_cache_put(&h);
-  double *hit = calloc((size_t)batches, sizeof *hit), *flr = calloc((size_t)batches, sizeof *flr);
+  /* Each batch's total ns; the median total over PER is the median of the batch means. */
+  uint64_t *hit = calloc((size_t)batches, sizeof *hit), *flr = calloc((size_t)batches, sizeof *flr);
   if (!hit || !flr)
     return 1;
   size_t at = (size_t)buf + 8192;
   for (int b = 0; b < batches; b++) {
-    uint64_t t = now_ns();
+    uint64_t t = now();
     for (int i = 0; i < PER; i++) {
       if (ummunotify_cache_get(c, at, 4096, &h) != UMMUNOTIFY_OK) {
         fprintf(stderr, "call_floor: a hit failed\n");
@@ -114,23 +99,23 @@ int main(int argc, char **argv) {
       __asm__ volatile("" : : "r"(&h) : "memory");
       ummunotify_cache_put(&h);
     }
-    hit[b] = (double)(now_ns() - t) / PER;
+    hit[b] = now() - t;
     floor_handle f;
-    t = now_ns();
+    t = now();
     for (int i = 0; i < PER; i++) {
       if (umn_floor_get(c, at, 4096, &f))
         return 1;
       __asm__ volatile("" : : "r"(&f) : "memory");
       umn_floor_put(&f);
     }
-    flr[b] = (double)(now_ns() - t) / PER;
+    flr[b] = now() - t;
   }
   qsort(hit, (size_t)batches, sizeof *hit, cmp);
   qsort(flr, (size_t)batches, sizeof *flr, cmp);
   printf("C HIT ummunotify_cache_get + _put, 4 KiB inside 1 MiB (batch-%d mean/call) n=%d median=%.1f ns\n",
-         PER, batches, hit[batches / 2]);
+         PER, batches, (double)hit[batches / 2] / PER);
   printf("FLOOR two empty calls into a .so, same signatures (batch-%d mean/call) n=%d median=%.1f ns\n",
-         PER, batches, flr[batches / 2]);
+         PER, batches, (double)flr[batches / 2] / PER);
   ummunotify_cache_free(c);
   munmap(buf, len);
   return 0;

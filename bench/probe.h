@@ -1,6 +1,6 @@
 /*
- * What the bench probes (hybrid_floor.c, miss_floor.c) share: the headers, a monotonic clock
- * in ns, and sorting samples for medians.
+ * What the bench probes (hybrid_floor.c, miss_floor.c, call_floor.c) share: the headers, a
+ * monotonic clock in ns, and sorting samples for medians.
  */
 #ifndef UMN_BENCH_PROBE_H
 #define UMN_BENCH_PROBE_H

@@ -55,13 +55,8 @@ if [ "${1:-}" = "--setup-only" ]; then echo "$BIN"; exit 0; fi
 (cd "$REPO" && cargo build --release -q -p umn -p ummunotify-capi) || { echo "ucx_compare: cargo build failed" >&2; exit 1; }
 UMN=${CARGO_TARGET_DIR:-$REPO/target}/release/umn
 # The C hit and its floor (bench/call_floor.c), against the library just built.
-FLOOR_DIR=$WORK/floor
-mkdir -p "$FLOOR_DIR" && cp "${CARGO_TARGET_DIR:-$REPO/target}/release/libummunotify.so" "$FLOOR_DIR/libummunotify.so.0" &&
-  ln -sf libummunotify.so.0 "$FLOOR_DIR/libummunotify.so" || { echo "ucx_compare: can not stage libummunotify.so in $FLOOR_DIR" >&2; exit 1; }
-gcc -O2 -Wall -Werror -shared -fPIC -DUMN_FLOOR_LIB -o "$FLOOR_DIR/libumnfloor.so" "$REPO/bench/call_floor.c" &&
-  gcc -O2 -Wall -Werror -I"$REPO/include" -o "$FLOOR_DIR/call_floor" "$REPO/bench/call_floor.c" \
-    -L"$FLOOR_DIR" -lumnfloor -lummunotify -Wl,-rpath,"$FLOOR_DIR" ||
-  { echo "ucx_compare: gcc could not build bench/call_floor.c" >&2; exit 1; }
+FLOOR=$(bash "$REPO/bench/call_floor.sh" --build-only) ||
+  { echo "ucx_compare: bench/call_floor.sh could not build bench/call_floor.c" >&2; exit 1; }
 # ROUNDS rounds, each ours then UCX right after: the machine's speed drifts over minutes (the
 # same harness read 16 ns in one run and 27 ns in the next), so every figure below is the median
 # of its rounds and every ratio is taken round by round, then the median of those.
@@ -70,7 +65,7 @@ TMP=$(mktemp -d) || fail "mktemp failed"
 trap 'rm -rf "$TMP"' EXIT
 for r in $(seq 1 "$ROUNDS"); do
   "$UMN" bench --json >"$TMP/ours.$r" || { echo "ucx_compare: umn bench failed" >&2; exit 1; }
-  "$FLOOR_DIR/call_floor" >"$TMP/floor.$r" || { echo "ucx_compare: bench/call_floor.c failed" >&2; exit 1; }
+  "$FLOOR" >"$TMP/floor.$r" || { echo "ucx_compare: bench/call_floor.c failed" >&2; exit 1; }
   sed "s/^/round $r: /" "$TMP/floor.$r"
   UCX_LOG_LEVEL=error "$BIN" "$ITERS" 20000 >"$TMP/ucx.$r" 2>&1 ||
     fail "the UCX harness failed: $(tail -3 "$TMP/ucx.$r")"
