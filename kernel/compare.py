@@ -65,8 +65,12 @@ def parse_log(path):
     codes = {}  # (impl, program) -> exit status
     coverage = {}  # backend -> parsed `umn coverage --json`, or the text that did not parse
     designs = []
+    cpus = 0
     for line in lines:
         line = line.rstrip()
+        m = re.match(r"^UMN-GUEST booted \S+, (\d+) CPUs$", line)
+        if m:
+            cpus = int(m.group(1))
         m = re.match(r"^UMN-RESULT (\S+) (\S+) (PASS|FAIL|SKIP)(?: (.*))?$", line)
         if m:
             impl, test, verdict, detail = m.groups()
@@ -93,6 +97,10 @@ def parse_log(path):
             bench.append(line)
         elif line.startswith("UMN-STRESS "):
             stress.append(line)
+    if cpus < 2:
+        # Every concurrency test in the guest (the REMOVE stress, the module's in-progress
+        # check, the storms) needs two CPUs to mean anything (QEMU: -smp 2,sockets=2).
+        dmesg_bad.append(f"UMN-DMESG the guest saw {cpus} CPUs (BUG: want 2)")
     return results, done, module_loaded, dmesg_bad, bench, stress, exits, codes, coverage, designs
 
 
