@@ -15,7 +15,7 @@
 //! | other ioctls | `FIONBIO` sets non-blocking; anything else `ENOTTY` |
 //! | `read` | 32-byte INVAL records (HINT rules of 2010), then LAST carrying the counter when the queue drained; at most one page; `EAGAIN` with `O_NONBLOCK`, blocks otherwise (`EINTR` on a signal); a buffer smaller than one record → `EINVAL` |
 //! | `poll`/`select`/`epoll` | native: the descriptor is a dup of the notifier's eventfd, readable while events (or an owed LAST) are pending |
-//! | `mmap(NULL, ≤ page, PROT_READ, MAP_SHARED, fd, 0)` | a read-only view whose first 8 bytes are the live 2010 counter ([`Notifier::notifications`](ummunotify::Notifier::notifications): 0 at open, +1 per kernel message that hit at least one region of this file, already when the unmapping call returns; LAST carries the same value); `PROT_WRITE` + `MAP_SHARED` → `EACCES`; offset ≠ 0 or length > page → `EINVAL` |
+//! | `mmap(NULL, ≤ page, PROT_READ, MAP_SHARED, fd, 0)` | a read-only view whose first 8 bytes are the live 2010 counter ([`Notifier::notifications`](ummunotify::Notifier::notifications): 0 at open, +1 per kernel message that hit at least one region of this file, already when the unmapping call returns, never down (see below); LAST carries the same value); `PROT_WRITE` + `MAP_SHARED` → `EACCES`; offset ≠ 0 or length > page → `EINVAL` |
 //! | `fcntl(F_GETFL/F_SETFL)` | `O_RDONLY` plus the file's own `O_NONBLOCK` |
 //! | `dup`, `dup2`, `dup3`, `fcntl(F_DUPFD*)` | the new descriptor shares the file (state, queue, flags), as in the kernel |
 //! | `close`, `close_range` | the last descriptor closed stops the notifier |
@@ -46,10 +46,16 @@
 //! monitor never enters the interposed functions (its `read`, `ioctl` and `close` of the
 //! userfaultfd are raw syscalls). A `close_range` that also covers the library's internal
 //! descriptors (the notifier's userfaultfd, eventfds and memfd) breaks that descriptor, which a
-//! kernel device never had. The counter word counts a message before the monitor dequeues it
-//! and takes the count back if it hit no region: a program that polls `*counter` while a
-//! message over watched pages outside every region is applied sees it one too high for those
-//! microseconds.
+//! kernel device never had. The counter word never goes down: a program may compare a value it loaded
+//! before an unmapping call with `*counter` after it (the 2010 contract). On userfaultfd the
+//! monitor counts a message before it dequeues it, when what the message says is not known yet,
+//! and never takes the count back, so a message over watched pages outside this descriptor's
+//! regions (another descriptor's or library's pages, pages of a widened watch, a moved watch)
+//! while it has regions counts one too many: the program then reads the queue once more and
+//! finds only LAST. On the hooks backend (and hybrid's libc calls) the count is exact, one per
+//! call that hit a region. On the pull backends (`UMN_BACKEND=perf`, `ebpf`, `kernel`) the count
+//! moves when the device is read or polled, not when the unmapping call returns: use the
+//! userfaultfd, hooks or hybrid backend with programs that trust `*counter` alone.
 #![deny(missing_docs)]
 
 mod abi;

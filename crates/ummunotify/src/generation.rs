@@ -67,29 +67,17 @@ pub(crate) fn cancel_message(counter: &AtomicU64) {
     counter.fetch_sub(BUSY, Release);
 }
 
-/// The 2010 notification count (a word of its own, see [`Notifier::notifications`]): the
-/// monitor counts the message it is about to dequeue *before* the `read()` that releases the
-/// unmapping thread, so a program loading the word after that call returned sees the increment
-/// already. Called right after [`begin_message`], index lock held.
-///
-/// The count is provisional until [`settle_notification`]: a message that hits no region is
-/// taken back there, before `end_message`. SeqCst: ordered before the `read()` syscall, as
-/// `begin_message` is.
+/// The 2010 notification count (a word of its own, see [`Notifier::notifications`]) moves on by
+/// one. It never goes down: a program that loaded it before an unmapping call compares it with
+/// `==` after the call (the 2010 contract), so a value taken back could equal an old one again.
+/// The monitor counts *ahead*, before the `read()` that releases the unmapping thread (SeqCst:
+/// ordered before that syscall, as `begin_message` is), so the increment is visible when the
+/// call returns; a message that then hits no region stays counted ([`crate::sink::Count`]).
 ///
 /// [`Notifier::notifications`]: crate::Notifier::notifications
 #[inline]
 pub(crate) fn count_notification(word: &AtomicU64) {
     word.fetch_add(1, SeqCst);
-}
-
-/// Takes back the provisional count of a message that hit no region (see
-/// [`count_notification`]); called before `end_message`, whose Release publishes it to a reader
-/// that Acquire-loads the even counter.
-#[inline]
-pub(crate) fn settle_notification(word: &AtomicU64, hit: bool) {
-    if !hit {
-        word.fetch_sub(1, Release);
-    }
 }
 
 /// Marks the counter dead (monitor gone): every check from now on fails.
@@ -362,6 +350,124 @@ mod loom_model {
                 !(valid && unchanged(&w.counter, Generation(snapshot), || {})),
                 "a snapshot that saw the region valid passes after the invalidation returned"
             );
+        });
+    }
+
+    /// The 2010 count (`count_notification`, `event_path.rs`'s `begin`/`end` with
+    /// `Count::Ahead`): the monitor takes two messages in order, a first one (another thread's)
+    /// that hits none of this notifier's regions, then the unmapping thread's, which hits. Each
+    /// is counted before the read that releases its sender and never taken back. A poller never
+    /// sees the count go down, and the unmapping thread, which loaded the count before its call
+    /// (possibly right after the first message's count), finds it moved when the call returns.
+    /// (With the count taken back for a message that hit nothing, loom finds the unmapping
+    /// thread's "before" equal to its "after".)
+    #[test]
+    fn the_2010_count_never_goes_back_and_has_moved_when_the_call_returns() {
+        loom::model(|| {
+            let w = world(false);
+            let count = Arc::new(AtomicU64::new(0));
+            // queued[i]: message i is in the kernel's queue; released[i]: its sender woke.
+            let queued = Arc::new([AtomicBool::new(true), AtomicBool::new(false)]);
+            let released = Arc::new([AtomicBool::new(false), AtomicBool::new(false)]);
+            let m = {
+                let (w, count, queued, released) =
+                    (w.clone(), count.clone(), queued.clone(), released.clone());
+                loom::thread::spawn(move || {
+                    for (i, hits) in [(0, false), (1, true)] {
+                        // poll(): the monitor begins only once a message is queued, so the
+                        // read takes a message queued before the count (FIFO).
+                        while !queued[i].load(SeqCst) {
+                            loom::thread::yield_now();
+                        }
+                        {
+                            let _l = w.index.lock().unwrap();
+                            begin_message(&w.counter);
+                            count_notification(&count); // Count::Ahead, the notifier has regions
+                        }
+                        released[i].store(true, SeqCst); // read()
+                        if hits {
+                            w.word.fetch_or(1, Relaxed);
+                            end_message(&w.counter);
+                        } else {
+                            cancel_message(&w.counter); // the count stays
+                        }
+                    }
+                })
+            };
+            let p = {
+                let count = count.clone();
+                loom::thread::spawn(move || {
+                    let a = count.load(SeqCst);
+                    let b = count.load(SeqCst);
+                    assert!(b >= a, "the 2010 count went down");
+                })
+            };
+            // The unmapping thread: the 2010 program's check around its own call.
+            let before = count.load(SeqCst);
+            queued[1].store(true, SeqCst); // its munmap queues the message and sleeps
+            while !released[1].load(SeqCst) {
+                loom::thread::yield_now();
+            }
+            assert_ne!(
+                count.load(SeqCst),
+                before,
+                "a 2010 check missed an invalidation"
+            );
+            m.join().unwrap();
+            p.join().unwrap();
+        });
+    }
+
+    /// A pull backend (`crate::sink::Probe`): the change is recorded (a word the "kernel"
+    /// bumps, as an eBPF program or the module does) before the unmapping call returns; every
+    /// check pulls first, serialized among pullers, and delivers through begin/apply/end
+    /// (`Count::Known`). A check made after the call returned, on any thread, fails, whether
+    /// its own pull delivered the change or another thread's pull is delivering it meanwhile.
+    #[test]
+    fn a_pulled_change_fails_every_check_after_the_call_returned() {
+        loom::model(|| {
+            let w = world(false);
+            let kernel = Arc::new(AtomicU64::new(0));
+            let seen = Arc::new(Mutex::new(0u64));
+            let pull = {
+                let (w, kernel, seen) = (w.clone(), kernel.clone(), seen.clone());
+                move || {
+                    let mut s = seen.lock().unwrap();
+                    let now = kernel.load(SeqCst);
+                    if *s != now {
+                        {
+                            let _l = w.index.lock().unwrap();
+                            begin_message(&w.counter);
+                        }
+                        *s = now;
+                        w.word.fetch_or(1, Relaxed);
+                        end_message(&w.counter);
+                    }
+                }
+            };
+            w.counter.fetch_or(PULL, SeqCst);
+            let snapshot = Generation(PULL);
+            let released = Arc::new(AtomicBool::new(false));
+            let other = {
+                let (w, released, pull) = (w.clone(), released.clone(), pull.clone());
+                loom::thread::spawn(move || {
+                    let after = released.load(SeqCst);
+                    let unchanged = unchanged(&w.counter, snapshot, &pull);
+                    assert!(!(after && unchanged), "a check after the call missed it");
+                })
+            };
+            // The unmapping call: the kernel side records the change, then the call returns.
+            kernel.fetch_add(1, SeqCst);
+            released.store(true, SeqCst);
+            assert!(
+                !unchanged(&w.counter, snapshot, &pull),
+                "stale counter check"
+            );
+            assert!(
+                !region_valid(&w.counter, &w.word, 2, &pull),
+                "stale region check"
+            );
+            other.join().unwrap();
         });
     }
 

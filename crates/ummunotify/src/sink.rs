@@ -53,6 +53,19 @@ pub(crate) enum Invalidation {
     Other,
 }
 
+/// When a delivered change is counted in the 2010 notification count
+/// ([`Notifier::notifications`](crate::Notifier::notifications)), which never goes down.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Count {
+    /// Before the read that releases the unmapping thread (userfaultfd's monitor): what the
+    /// message says is not known yet, so a notifier with a region counts it now, for good. A
+    /// message that then hits none of its regions leaves the count one too high, never low.
+    Ahead,
+    /// The change is known already (a pull backend delivering what it read): counted at
+    /// [`Sink::end`], once, if it hit a region.
+    Known,
+}
+
 /// Who ends an invalidation window.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum WindowEnd {
@@ -71,9 +84,11 @@ pub(crate) struct Window(pub(crate) u64);
 
 /// What a backend may ask of the notifier core. Implemented by the notifier's shared state.
 pub(crate) trait Sink: Send + Sync {
-    /// Monitor, before the read that releases the unmapping thread: the counter becomes odd
-    /// (busy) and the readiness fd readable. Must be paired with [`end`](Sink::end).
-    fn begin(&self);
+    /// The start of one delivered change: the counter becomes odd (busy) and the readiness fd
+    /// readable. Must be paired with [`end`](Sink::end). The monitor calls it before the read
+    /// that releases the unmapping thread ([`Count::Ahead`]); a pull backend after it read what
+    /// changed ([`Count::Known`]).
+    fn begin(&self, count: Count);
 
     /// Monitor, between [`begin`](Sink::begin) and [`end`](Sink::end): marks every region the
     /// change hits invalid and queues its event. May panic only by fault injection; the caller
@@ -81,7 +96,7 @@ pub(crate) trait Sink: Send + Sync {
     fn apply(&self, inv: Invalidation);
 
     /// Monitor, after [`apply`](Sink::apply): the counter becomes even again, publishing the
-    /// message's effect (and the 2010 count is settled).
+    /// message's effect (a [`Count::Known`] change that hit a region is counted first).
     fn end(&self);
 
     /// The calling thread's whole delivery (hooks): begin, apply an unmap (`unmap`) or a page
@@ -231,7 +246,7 @@ mod tests {
             .register(at as usize..at as usize + 4096, Cookie(1))
             .unwrap();
         // Announced, not done.
-        sink.begin();
+        sink.begin(Count::Known);
         let w = sink.window_open(at, at + 4096, WindowEnd::Closed);
         sink.apply(Invalidation::Remove {
             start: at,

@@ -30,7 +30,7 @@ use std::sync::Arc;
 
 use super::uffd::{Context, UffdWatcher};
 use super::{hooks, Delivery, Watcher};
-use crate::sink::{Invalidation, Sink, Window, WindowEnd};
+use crate::sink::{Count, Invalidation, Sink, Window, WindowEnd};
 
 /// One hybrid notifier's watches.
 struct HybridWatcher {
@@ -98,8 +98,8 @@ struct InFront {
 }
 
 impl Sink for InFront {
-    fn begin(&self) {
-        self.core.begin()
+    fn begin(&self, count: Count) {
+        self.core.begin(count)
     }
     fn apply(&self, inv: Invalidation) {
         self.core.apply(inv)

@@ -46,14 +46,22 @@ impl Sink for Shared {
     /// Monitor steps 2–3: busy and readable together, under the index lock, right before the
     /// read(). Taking the lock here is safe: no holder can be blocked waiting for us (holders
     /// never unmap, free or allocate, and run with signals blocked).
-    fn begin(&self) {
+    ///
+    /// The 2010 count: a notifier with a region counts a [`Count::Ahead`] message here, for
+    /// good; one without a region can not owe a count to a call that returned (a region
+    /// registered while the message is applied is counted in `end` if the message hits it).
+    fn begin(&self, count: Count) {
         let mut l = self.lock_index();
         generation::begin_message(self.counter());
-        generation::count_notification(self.counter.notification_word());
         // With no region registered, no event can be owed to a call that returned: a region
         // registered while this message is applied gets its readiness from `apply`. (The
         // process's context hands every notifier every message: idle ones stay quiet.)
         let owed = !l.st.tree.is_empty();
+        let ahead = owed && count == Count::Ahead;
+        if ahead {
+            generation::count_notification(self.counter.notification_word());
+        }
+        self.counted_ahead.store(ahead, Relaxed);
         self.readied_by_message.store(owed && !l.st.ready, Relaxed);
         if owed {
             self.signal_ready(&mut l);
@@ -105,7 +113,7 @@ impl Sink for Shared {
         }
     }
 
-    /// Monitor step 6 (the notification count settled first).
+    /// Monitor step 6 (a hit not counted in `begin` is counted first).
     ///
     /// One context serves every notifier of the process, so most messages a notifier is handed
     /// concern other notifiers' pages. A message that hit none of this notifier's regions
@@ -114,7 +122,11 @@ impl Sink for Shared {
     /// raised is taken back if the queue is still empty.
     fn end(&self) {
         let hit = self.message_hit.swap(false, Relaxed);
-        generation::settle_notification(self.counter.notification_word(), hit);
+        let ahead = self.counted_ahead.swap(false, Relaxed);
+        if hit && !ahead {
+            // Published by `end_message`'s (or `cancel_message`'s) Release below.
+            generation::count_notification(self.counter.notification_word());
+        }
         if hit {
             // The counter moves on anyway. (A flag set after this swap, by an invalidation that
             // saw this message busy, carries to the next message: one spurious move, safe.)

@@ -41,7 +41,7 @@ use crate::inflight::{InFlight, Scanner};
 use crate::queue::QueueBits;
 use crate::region::{Span, INVALID};
 use crate::segvec::{SegVec, Zeroable};
-use crate::sink::{Invalidation, Probe, Sink, Window, WindowEnd};
+use crate::sink::{Count, Invalidation, Probe, Sink, Window, WindowEnd};
 use crate::sys::{self, CounterPage, SignalsBlocked};
 use crate::{fork, Cookie, Error, Region, Result};
 
@@ -158,6 +158,7 @@ impl Notifier {
             events_read: StdAtomicU64::new(0),
             fail_next: AtomicBool::new(false),
             message_hit: AtomicBool::new(false),
+            counted_ahead: AtomicBool::new(false),
             holes: AtomicUsize::new(0),
             readied_by_message: AtomicBool::new(false),
             overlapped: AtomicBool::new(false),
@@ -436,16 +437,22 @@ impl Notifier {
         self.shared.counter.fd()
     }
 
-    /// The 2010 device's counter, exactly: 0 when the notifier starts, then one more for each
-    /// kernel message (one `munmap`, one VMA of a `madvise`, ...) that hit at least one region
-    /// of this notifier; messages over memory no region covers do not count.
+    /// The 2010 device's counter: 0 when the notifier starts, then one more for each kernel
+    /// message (one `munmap`, one VMA of a `madvise`, ...) that hit at least one region of this
+    /// notifier. It never goes down, and it has moved when an unmapping call that hit an armed
+    /// region returns, so a program may keep a value it loaded and compare it with `==` later
+    /// (the 2010 contract: "unchanged" means nothing it registered was hit).
     ///
-    /// Visible before the unmapping call returns: the monitor counts a message before the
-    /// `read()` that releases the unmapping thread, and takes the count back before the
-    /// message's end if it hit nothing (so a message over watched pages outside every region
-    /// shows a count one too high while it is applied). Bit 63 is set when the monitor is dead
-    /// or the process forked, so the value then never equals an earlier one. The
-    /// [`generation`](Self::generation) stays the word for this crate's own checks.
+    /// Exact on the in-thread backends (hooks, and hybrid's libc calls: one per call that hit a
+    /// region) and on pull backends (one per delivery that hit one, when a check delivers it).
+    /// On userfaultfd the monitor counts a message before the `read()` that releases the
+    /// unmapping thread, when what the message says is not known yet, and never takes the count
+    /// back: a message that hits none of this notifier's regions while it has some (another
+    /// notifier's pages, pages of a widened watch outside every region, a moved watch) counts
+    /// one too many. A count too high only costs a program one more `read` of the events; one
+    /// taken back could equal a value loaded before an invalidation. Bit 63 is set when the
+    /// monitor is dead or the process forked, so the value then never equals an earlier one.
+    /// The [`generation`](Self::generation) stays the word for this crate's own checks.
     ///
     /// ```no_run
     /// # use ummunotify::{Cookie, Notifier};

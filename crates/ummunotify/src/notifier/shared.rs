@@ -28,6 +28,8 @@ pub(crate) struct Shared {
     /// The message being applied hit at least one region (monitor only; see
     /// `generation::count_notification`).
     pub(super) message_hit: AtomicBool,
+    /// `begin` counted the message being applied in the 2010 count ahead (monitor only).
+    pub(super) counted_ahead: AtomicBool,
     /// `Registry::holes`, readable without the lock: [`Notifier::mapped`] returns at once while
     /// it is 0. Raised before the holes are looked for (see `register_impl`).
     pub(super) holes: AtomicUsize,
@@ -280,6 +282,9 @@ impl Shared {
                 // began, so its sender is still in its call (named) or done with it.
                 let horizon = InFlight::horizon();
                 reg.scanner.scan(sys::gettid());
+                // Signals go out only while every host handler on the alternate stack blocks
+                // ours (`inflight::guard_hosts`): looked at again before each round.
+                crate::inflight::guard_hosts();
                 let outbox = {
                     let mut l = self.lock_index_blocked();
                     let (c, overflowed) = reg.scanner.candidates();

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use super::{Area, Ticket};
 use crate::backend::{Delivery, Watcher};
-use crate::sink::{Invalidation, Probe, Sink};
+use crate::sink::{Count, Invalidation, Probe, Sink};
 
 /// One watched range.
 #[derive(Clone, Copy)]
@@ -37,7 +37,7 @@ impl Shared {
         for w in watches {
             if let Some(r) = self.area.take_change(w.ticket) {
                 if !begun {
-                    sink.begin();
+                    sink.begin(Count::Known);
                     begun = true;
                 }
                 sink.apply(Invalidation::Remove {

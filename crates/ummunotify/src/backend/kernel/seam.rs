@@ -40,7 +40,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::sys;
 use crate::backend::{Delivery, Invalidation, Watcher};
-use crate::sink::{Probe, Sink};
+use crate::sink::{Count, Probe, Sink};
 use crate::{Error, Unsupported};
 
 /// The device: its fd and its mapped counter page.
@@ -91,7 +91,7 @@ impl Device {
             return; // another puller delivered it meanwhile
         }
         // Busy before `seen` moves: a check that finds `seen` current waits for `end`.
-        sink.begin();
+        sink.begin(Count::Known);
         self.seen.store(now, SeqCst);
         let mut raw = [sys::RawEvent::default(); 128];
         loop {

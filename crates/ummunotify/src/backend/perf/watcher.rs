@@ -9,7 +9,7 @@ use std::sync::Arc;
 use super::{Perf, Target};
 use crate::backend::thread::{Control, EventThread};
 use crate::backend::{Delivery, Invalidation, Watcher};
-use crate::sink::{Probe, Sink, Window, WindowEnd};
+use crate::sink::{Count, Probe, Sink, Window, WindowEnd};
 use crate::sys::SignalsBlocked;
 
 /// How often the delivery thread pulls when no ring reached its watermark (ms).
@@ -20,7 +20,7 @@ struct To<'a>(&'a dyn Sink);
 
 impl Target for To<'_> {
     fn begin(&self) {
-        self.0.begin();
+        self.0.begin(Count::Known);
     }
     fn apply(&self, inv: Invalidation) {
         self.0.apply(inv);

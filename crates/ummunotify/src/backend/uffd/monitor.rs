@@ -16,7 +16,7 @@ use super::{decode, sys, Inner, MAX_SINKS};
 use crate::backend::table::Held;
 use crate::backend::thread::{Control, EventThread};
 use crate::backend::Invalidation;
-use crate::sink::WindowEnd;
+use crate::sink::{Count, WindowEnd};
 use crate::sys::poll_readable;
 
 /// The running monitor thread of a context (one per process).
@@ -78,7 +78,7 @@ fn run(inner: &Inner, control: &Control) {
             // The set of sinks for this message: one joining after this point missed nothing
             // it could have watched (its watch came after the change the message reports).
             inner.sinks.hold_all(&mut held);
-            held.each(|s| s.begin());
+            held.each(|s| s.begin(Count::Ahead));
             match sys::read_one(uffd.fd(), &mut msg) {
                 Ok(Some(())) => {
                     let inv = decode(&msg);
