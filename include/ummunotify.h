@@ -396,6 +396,24 @@ typedef struct ummunotify_notifier_stats {
    Disjoint page ranges watched with the kernel.
    */
   uint64_t coverage_segments;
+  /*
+   `REMOVE`s (madvise `DONTNEED`, ...) held in flight until their zap was confirmed, and
+   those ended by a grace period instead (the residual window). Added after the first version of the struct.
+   */
+  uint64_t removes_confirmed;
+  /*
+   See `removes_confirmed`.
+   */
+  uint64_t removes_by_grace;
+  /*
+   Signals the library sent to this process's threads to learn that a `REMOVE`'s sender is
+   back in user space, and its handlers that ran (process-wide). Added after the first version.
+   */
+  uint64_t signals_sent;
+  /*
+   See `signals_sent`.
+   */
+  uint64_t signals_handled;
 } ummunotify_notifier_stats;
 
 #ifdef __cplusplus
@@ -694,9 +712,11 @@ ummunotify_result ummunotify_notifier_generation(const struct ummunotify_notifie
                                                  uint64_t *out);
 
 /*
- The global fast path, one load: true iff no invalidation message was dequeued since
- `generation` was taken. The same test C code can do inline with
- `ummunotify_notifier_counter()`: `*counter == generation`.
+ The global fast path, one load: true iff no invalidation of this notifier's regions was
+ applied since `generation` (from `ummunotify_notifier_generation()` or `*drained`) was taken.
+ The same test C code can do inline with `ummunotify_notifier_counter()`: `*counter ==
+ generation` (see there for the rule on snapshots). Waits microseconds while a message is
+ being applied instead of failing.
 
  # Safety
  `n` must be NULL or a live handle.
@@ -706,10 +726,22 @@ bool ummunotify_notifier_unchanged_since(const struct ummunotify_notifier *n, ui
 /*
  The live generation counter word, valid until the notifier is freed (NULL for a NULL
  notifier). `*counter == g` for a `g` from `ummunotify_notifier_generation()` or from `*drained`
- of `ummunotify_notifier_read_events()` means nothing changed since; any other value (odd: the
- monitor is mid-message; bit 63: dead or forked) means "read events". Read it with acquire
- semantics (`__atomic_load_n(p, __ATOMIC_ACQUIRE)`) where the compiler may reorder; the
- `volatile` qualifier guarantees a fresh load each time.
+ of `ummunotify_notifier_read_events()` means nothing changed since; any other value (odd: a
+ message is being applied; bit 63: dead or forked; bit 61: a pull backend, call
+ `ummunotify_notifier_unchanged_since()`) means "check again with
+ `ummunotify_notifier_unchanged_since()`, or read events".
+
+ The rule on snapshots: compare `*counter` only with a `g` from those two calls, never with a
+ value you loaded from `*counter` yourself. The word is not monotonic: the process's one
+ userfaultfd context hands every notifier every message, and a message that hit none of this
+ notifier's regions gives the word back its value from before the message (so other libraries'
+ traffic never fails this check). A value loaded while such a message was applied (odd) can
+ therefore come back after a later invalidation; a `g` from `ummunotify_notifier_generation()`
+ is always a settled value, which no invalidation ever returns to. (The 2010 drop-in's counter,
+ by contrast, never goes down: programs written for the device compare raw loads.)
+
+ Read it with acquire semantics (`__atomic_load_n(p, __ATOMIC_ACQUIRE)`) where the compiler
+ may reorder; the `volatile` qualifier guarantees a fresh load each time.
 
  # Safety
  `n` must be NULL or a live handle.

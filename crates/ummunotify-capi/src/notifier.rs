@@ -148,6 +148,16 @@ pub struct ummunotify_notifier_stats {
     pub pending: u64,
     /// Disjoint page ranges watched with the kernel.
     pub coverage_segments: u64,
+    /// `REMOVE`s (madvise `DONTNEED`, ...) held in flight until their zap was confirmed, and
+    /// those ended by a grace period instead (the residual window). Added after the first version of the struct.
+    pub removes_confirmed: u64,
+    /// See `removes_confirmed`.
+    pub removes_by_grace: u64,
+    /// Signals the library sent to this process's threads to learn that a `REMOVE`'s sender is
+    /// back in user space, and its handlers that ran (process-wide). Added after the first version.
+    pub signals_sent: u64,
+    /// See `signals_sent`.
+    pub signals_handled: u64,
 }
 
 /// Borrows the handle.
@@ -457,9 +467,11 @@ pub unsafe extern "C" fn ummunotify_notifier_generation(
     })
 }
 
-/// The global fast path, one load: true iff no invalidation message was dequeued since
-/// `generation` was taken. The same test C code can do inline with
-/// `ummunotify_notifier_counter()`: `*counter == generation`.
+/// The global fast path, one load: true iff no invalidation of this notifier's regions was
+/// applied since `generation` (from `ummunotify_notifier_generation()` or `*drained`) was taken.
+/// The same test C code can do inline with `ummunotify_notifier_counter()`: `*counter ==
+/// generation` (see there for the rule on snapshots). Waits microseconds while a message is
+/// being applied instead of failing.
 ///
 /// # Safety
 /// `n` must be NULL or a live handle.
@@ -479,10 +491,22 @@ pub unsafe extern "C" fn ummunotify_notifier_unchanged_since(
 
 /// The live generation counter word, valid until the notifier is freed (NULL for a NULL
 /// notifier). `*counter == g` for a `g` from `ummunotify_notifier_generation()` or from `*drained`
-/// of `ummunotify_notifier_read_events()` means nothing changed since; any other value (odd: the
-/// monitor is mid-message; bit 63: dead or forked) means "read events". Read it with acquire
-/// semantics (`__atomic_load_n(p, __ATOMIC_ACQUIRE)`) where the compiler may reorder; the
-/// `volatile` qualifier guarantees a fresh load each time.
+/// of `ummunotify_notifier_read_events()` means nothing changed since; any other value (odd: a
+/// message is being applied; bit 63: dead or forked; bit 61: a pull backend, call
+/// `ummunotify_notifier_unchanged_since()`) means "check again with
+/// `ummunotify_notifier_unchanged_since()`, or read events".
+///
+/// The rule on snapshots: compare `*counter` only with a `g` from those two calls, never with a
+/// value you loaded from `*counter` yourself. The word is not monotonic: the process's one
+/// userfaultfd context hands every notifier every message, and a message that hit none of this
+/// notifier's regions gives the word back its value from before the message (so other libraries'
+/// traffic never fails this check). A value loaded while such a message was applied (odd) can
+/// therefore come back after a later invalidation; a `g` from `ummunotify_notifier_generation()`
+/// is always a settled value, which no invalidation ever returns to. (The 2010 drop-in's counter,
+/// by contrast, never goes down: programs written for the device compare raw loads.)
+///
+/// Read it with acquire semantics (`__atomic_load_n(p, __ATOMIC_ACQUIRE)`) where the compiler
+/// may reorder; the `volatile` qualifier guarantees a fresh load each time.
 ///
 /// # Safety
 /// `n` must be NULL or a live handle.
@@ -592,8 +616,8 @@ pub unsafe extern "C" fn ummunotify_notifier_read_events(
     })
 }
 
-/// The first version's size of `ummunotify_notifier_stats`.
-const NOTIFIER_STATS_V1: usize = std::mem::size_of::<ummunotify_notifier_stats>();
+/// The first version's size of `ummunotify_notifier_stats` (up to `coverage_segments`).
+const NOTIFIER_STATS_V1: usize = std::mem::offset_of!(ummunotify_notifier_stats, removes_confirmed);
 const _: () = assert!(std::mem::offset_of!(ummunotify_notifier_stats, size) == 0);
 
 /// Fills `*out` (whose `size` the caller set) with diagnostic counters.
@@ -615,13 +639,17 @@ pub unsafe extern "C" fn ummunotify_notifier_get_stats(
         }
         let s = n.stats();
         let stats = ummunotify_notifier_stats {
-            size: NOTIFIER_STATS_V1,
+            size: std::mem::size_of::<ummunotify_notifier_stats>(),
             regions: s.regions as u64,
             messages: s.messages,
             invalidations: s.invalidations,
             events_read: s.events_read,
             pending: s.pending as u64,
             coverage_segments: s.coverage_segments as u64,
+            removes_confirmed: s.removes_confirmed,
+            removes_by_grace: s.removes_by_grace,
+            signals_sent: s.signals_sent,
+            signals_handled: s.signals_handled,
         };
         // SAFETY: `out` is non-NULL and (caller) `out->size` writable bytes.
         match unsafe { crate::sized::write(out, &stats, NOTIFIER_STATS_V1) } {

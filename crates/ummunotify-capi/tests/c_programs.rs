@@ -68,6 +68,9 @@ fn compile(name: &str, link: Link) -> PathBuf {
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("c-{name}-{link:?}"));
     let mut extra: Vec<OsString> = vec!["-O1".into(), "-I".into()];
     extra.push(crate_dir().join("../../include").into());
+    // Test headers shared with the 2010 drop-in's programs (xy_churn.h).
+    extra.push("-I".into());
+    extra.push(crate_dir().join("../ummunotify-testkit/c").into());
     match link {
         Link::Shared => {
             extra.push(format!("-L{}", lib.display()).into());
@@ -140,6 +143,48 @@ fn c_threads() {
 #[test]
 fn c_signals() {
     check_program("signals");
+}
+
+/// The library inside a host with signal handling of its own (an MPI rank under a sampling
+/// profiler): small alternate stacks sized from `AT_MINSIGSTKSZ`, per-thread SIGPROF at 10 kHz,
+/// a 5 kHz SIGALRM whose handler uses 3 KiB of stack and changes registered memory, REMOVE churn
+/// against the C cache; host handlers on the alternate stack and on the thread's own stack. The
+/// library's signal must be used and must never crash the host (tests/c/host_signals.c).
+#[test]
+fn c_host_signals() {
+    let secs = std::env::var("UMN_HOST_SECS").unwrap_or_else(|_| "3".into());
+    for link in [Link::Shared, Link::Static, Link::AsanStatic] {
+        let exe = compile("host_signals", link);
+        for mode in ["onstack", "normal"] {
+            if !run(&exe, &[("UMN_HOST_MODE", mode), ("UMN_HOST_SECS", &secs)]) {
+                return;
+            }
+        }
+    }
+}
+
+/// The C checks under x == y churn of every kind, beside a second notifier's traffic and a
+/// 10 kHz SIGPROF: `unchanged_since`, the header's inline `*counter == g` and `is_valid` miss no
+/// invalidation (tests/c/counters.c), on the default backend and on hybrid and hooks.
+#[test]
+fn c_counters() {
+    let secs = std::env::var("UMN_COUNTERS_SECS").unwrap_or_else(|_| "3".into());
+    for link in [Link::Shared, Link::Static, Link::AsanStatic] {
+        let exe = compile("counters", link);
+        if !run(&exe, &[("UMN_COUNTERS_SECS", &secs)]) {
+            return;
+        }
+    }
+    let exe = compile("counters", Link::Shared);
+    for backend in ["hybrid", "hooks"] {
+        assert!(
+            run(
+                &exe,
+                &[("UMN_COUNTERS_SECS", &secs), ("UMN_BACKEND", backend)]
+            ),
+            "the {backend} backend must start here"
+        );
+    }
 }
 
 /// The hooks backend through the C library, chosen with `UMN_BACKEND=hooks` (what Auto picks

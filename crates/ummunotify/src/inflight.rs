@@ -33,12 +33,12 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicI32, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering::Relaxed};
 use std::sync::Once;
 use std::time::Duration;
 
 use std::sync::atomic::AtomicU64;
-use std::sync::atomic::Ordering::{self, AcqRel, Acquire, Release};
+use std::sync::atomic::Ordering::{self, AcqRel, Acquire, Release, SeqCst};
 
 /// Entries (in-flight `REMOVE`s) per notifier.
 pub(crate) const ENTRIES: usize = 64;
@@ -222,6 +222,17 @@ extern "C" fn on_signal(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mu
         return;
     }
     stamp(&ACK[value], &NEXT);
+    HANDLED.fetch_add(1, Relaxed);
+}
+
+/// Signals this process sent, and handled, for `REMOVE` windows (see [`signal_counts`]).
+static SENT_COUNT: AtomicU64 = AtomicU64::new(0);
+static HANDLED: AtomicU64 = AtomicU64::new(0);
+
+/// How many of this library's signals the process sent and how many of its handlers ran
+/// (process-wide; for `Stats` and the host-safety tests).
+pub(crate) fn signal_counts() -> (u64, u64) {
+    (SENT_COUNT.load(Relaxed), HANDLED.load(Relaxed))
 }
 
 fn handler_addr() -> usize {
@@ -230,7 +241,14 @@ fn handler_addr() -> usize {
 }
 
 /// Installs the handler once per process, if the signal is free (its disposition is the
-/// default); otherwise signalling stays off and every entry ends by exit or grace.
+/// default); otherwise signalling stays off and every entry ends by a later look or by grace.
+///
+/// How the signal stays harmless to its host (docs/ARCHITECTURE.md, "The signal and its host"):
+/// * no `SA_ONSTACK`: the handler runs on the stack the thread is on, never starting a frame on
+///   the thread's alternate stack;
+/// * its `sa_mask` blocks every signal, so no handler of the host nests on ours;
+/// * ours never nests on a host handler that runs on the alternate stack: [`guard_hosts`] adds
+///   our signal to the `sa_mask` of every such handler, and nothing is sent while one lacks it.
 pub(crate) fn install() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
@@ -255,12 +273,14 @@ pub(crate) fn install() {
             }
             let mut sa: libc::sigaction = std::mem::zeroed();
             sa.sa_sigaction = handler_addr();
-            sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART | libc::SA_ONSTACK;
-            libc::sigemptyset(&mut sa.sa_mask);
+            sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+            libc::sigfillset(&mut sa.sa_mask);
             if libc::sigaction(sig, &sa, std::ptr::null_mut()) == 0 {
                 SIGNO.store(sig, Relaxed);
             }
         }
+        // The first look at the host's handlers (a second one guards them: see there).
+        guard_hosts();
     });
 }
 
@@ -269,10 +289,115 @@ pub fn signal() -> Option<i32> {
     Some(SIGNO.load(Relaxed)).filter(|&s| s != 0)
 }
 
+/// Every host handler that runs on the alternate stack blocks our signal (the last
+/// [`guard_hosts`] found so); signals are sent only while this holds.
+static HOSTS_GUARDED: AtomicBool = AtomicBool::new(false);
+
+/// Makes every handler of the process that runs on the alternate stack (`SA_ONSTACK`) block our
+/// signal, so ours is never delivered on top of one (where its frame, 1.7 to 12 KiB by CPU, could
+/// overflow a small alternate stack), and returns whether they all do now. Called by user
+/// threads before a round of signals (and once at install); the event path only reads the
+/// answer ([`live_signal`]).
+///
+/// A handler lacking our signal in its `sa_mask` is changed (read, then written back with our
+/// signal added, nothing else) only when the previous call saw it exactly the same: a host that
+/// installs a handler for a moment and restores the old one (a probe) is never written over. If
+/// the host changed the handler between our read and our write, its handler is put back as it
+/// wrote it and nothing is sent this round. Until then no signal is sent: the entries end by a
+/// later look or by grace, which is safe.
+pub(crate) fn guard_hosts() -> bool {
+    /// What the last call saw of a handler that lacked our signal (0: nothing lacking).
+    static LACKING: [AtomicU64; 65] = [const { AtomicU64::new(0) }; 65];
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let Some(ours) = signal() else {
+        return false;
+    };
+    let _one = ONE.lock().unwrap_or_else(|p| p.into_inner());
+    let mut guarded = true;
+    for s in 1..=libc::SIGRTMAX().min(64) {
+        if s == ours || s == libc::SIGKILL || s == libc::SIGSTOP {
+            continue;
+        }
+        // SAFETY: sigaction reads the disposition into a zeroed struct (glibc's reserved
+        // signals answer EINVAL and are skipped); sigismember reads the set.
+        let (cur, blocks) = unsafe {
+            let mut cur: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(s, std::ptr::null(), &mut cur) != 0 {
+                continue;
+            }
+            let blocks = libc::sigismember(&cur.sa_mask, ours) == 1;
+            (cur, blocks)
+        };
+        let on_stack = cur.sa_flags & libc::SA_ONSTACK != 0
+            && cur.sa_sigaction != libc::SIG_DFL
+            && cur.sa_sigaction != libc::SIG_IGN;
+        let seen = &LACKING[s as usize];
+        if !on_stack || blocks {
+            seen.store(0, Relaxed);
+            continue;
+        }
+        let key = disposition_key(&cur);
+        if seen.swap(key, Relaxed) != key {
+            guarded = false; // new since the last look: guarded next time if it stays
+            continue;
+        }
+        let mut new = cur;
+        // SAFETY: adds one signal to a copy's mask, installs the copy (the same handler,
+        // flags and mask but for our signal) and reads what it replaced; if that is not what we
+        // read, the host changed it meanwhile, and its handler goes back exactly as it was.
+        let installed = unsafe {
+            libc::sigaddset(&mut new.sa_mask, ours);
+            let mut prev: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(s, &new, &mut prev) != 0 {
+                false
+            } else if disposition_key(&prev) == key {
+                true
+            } else {
+                libc::sigaction(s, &prev, std::ptr::null_mut());
+                seen.store(disposition_key(&prev), Relaxed);
+                false
+            }
+        };
+        if installed {
+            seen.store(0, Relaxed);
+        } else {
+            guarded = false;
+        }
+    }
+    HOSTS_GUARDED.store(guarded, SeqCst);
+    guarded
+}
+
+/// A handler, its flags and the kernel's part of its mask (signals 1 to 64: glibc copies only
+/// those into a `sigset_t` it returns, the rest of the 128 bytes is whatever was there), hashed
+/// (FNV-1a; never 0).
+fn disposition_key(sa: &libc::sigaction) -> u64 {
+    // SAFETY: `sigset_t` is plain data at least 8 bytes long; its first 8 are the kernel's set.
+    let mask = unsafe {
+        (&sa.sa_mask as *const libc::sigset_t)
+            .cast::<u64>()
+            .read_unaligned()
+    };
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in (sa.sa_sigaction as u64)
+        .to_le_bytes()
+        .into_iter()
+        .chain((sa.sa_flags as u64).to_le_bytes())
+        .chain(mask.to_le_bytes())
+    {
+        h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+    }
+    h | 1
+}
+
 /// The signal, if our handler is still the one installed (someone may have replaced it;
-/// sending then could kill the process if it were reset to the default).
+/// sending then could kill the process if it were reset to the default) and the host's
+/// alternate-stack handlers all block it ([`guard_hosts`]).
 fn live_signal() -> Option<i32> {
     let sig = signal()?;
+    if !HOSTS_GUARDED.load(SeqCst) {
+        return None;
+    }
     // SAFETY: reads the current disposition into a zeroed struct.
     let ours = unsafe {
         let mut cur: libc::sigaction = std::mem::zeroed();
@@ -316,7 +441,7 @@ fn send(sig: i32, i: usize) {
     let tid = TIDS[i].load(Relaxed);
     // SAFETY: rt_tgsigqueueinfo reads one siginfo (128 bytes) from `info`. EAGAIN (queue full)
     // leaves signals pending, whose handlers stamp the ack word all the same.
-    unsafe {
+    let r = unsafe {
         libc::syscall(
             libc::SYS_rt_tgsigqueueinfo,
             pid,
@@ -325,6 +450,9 @@ fn send(sig: i32, i: usize) {
             &info as *const QueueInfo,
         )
     };
+    if r == 0 {
+        SENT_COUNT.fetch_add(1, Relaxed);
+    }
 }
 
 /// Whether thread `tid` of this process still exists.

@@ -66,6 +66,9 @@ pub mod __testing {
     /// Turns the REMOVE-in-flight protection (issue 9) off for the rest of the process, to show
     /// what it prevents. Breaks guarantee 1.
     pub use crate::inflight::disable_for_tests as disable_remove_in_flight;
+    /// The signal the library sends for `REMOVE` windows, if it is installed (README, "One
+    /// signal").
+    pub use crate::inflight::signal as remove_signal;
 }
 #[cfg(not(loom))]
 mod backend;

@@ -53,6 +53,12 @@ pub struct Stats {
     /// Watch requests userfaultfd refused because another context owns the pages (`EBUSY`),
     /// taken by the hooks alone (hybrid backend only; raw syscalls on them are not seen).
     pub hooks_only_watches: u64,
+    /// Signals sent to the process's threads to learn that a `REMOVE`'s sender is back in user
+    /// space, and handlers of it that ran (process-wide, every notifier; 0 with `UMN_SIGNAL=0`
+    /// or where the signal could not be installed). See the README's "One signal".
+    pub signals_sent: u64,
+    /// See [`signals_sent`](Self::signals_sent).
+    pub signals_handled: u64,
     /// Times a pull backend could not say what changed and invalidated every region (a perf
     /// ring found nearly full, a call's end seen without its start).
     pub all_changed: u64,
@@ -108,6 +114,8 @@ impl Notifier {
             watch_calls,
             hooks_only_watches: sh.watcher.hooks_only(),
             all_changed: sh.all_changed.load(Relaxed),
+            signals_sent: crate::inflight::signal_counts().0,
+            signals_handled: crate::inflight::signal_counts().1,
         }
     }
 }
