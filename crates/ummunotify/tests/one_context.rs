@@ -83,12 +83,6 @@ fn overlapping_notifiers_each_see_only_their_own_regions() {
         (0..10_000).any(|_| !readable(b.as_fd())),
         "B readable with nothing to read"
     );
-    // (Settled: other tests' messages come to B too, see `common::notifications`.)
-    assert_eq!(
-        notifications(&b),
-        0,
-        "B's notification count moved for a change to A's pages only"
-    );
     assert_eq!(cookies(&a), [1]);
     assert_eq!(cookies(&b), Vec::<u64>::new());
     // The shared page: both.
@@ -97,8 +91,39 @@ fn overlapping_notifiers_each_see_only_their_own_regions() {
     assert!(!a.is_valid(ra) && !b.is_valid(rb));
     assert_eq!(cookies(&a), [1]);
     assert_eq!(cookies(&b), [2]);
-    assert_eq!((notifications(&a), notifications(&b)), (2, 1));
     unmap(p, 4 * PAGE);
+}
+
+/// The 2010 count of a notifier that has regions takes a message for another notifier's pages
+/// ahead, before the read that releases the unmapping thread, and keeps it (one too many, never
+/// taken back: a program may hold a value loaded before its own call, see
+/// docs/architecture/interfaces.md, "The 2010 counter"); one without regions counts nothing. In
+/// a child process, alone with its two notifiers, so the counts are exact.
+#[test]
+fn a_message_for_another_notifiers_pages_counts_ahead_once() {
+    let code = in_child(|| {
+        let (a, b, idle) = (uffd(), uffd(), uffd());
+        let p = map_low(4 * PAGE);
+        a.register(p..p + 2 * PAGE, Cookie(1)).unwrap();
+        b.register(p + PAGE..p + 3 * PAGE, Cookie(2)).unwrap();
+        let counts = || (a.notifications(), b.notifications(), idle.notifications());
+        let mut failures = 0;
+        // Only A's pages: B counts it ahead and keeps it; the idle one counts nothing.
+        madvise(p, PAGE, libc::MADV_DONTNEED);
+        if counts() != (1, 1, 0) {
+            eprintln!("A's pages only: {:?}, want (1, 1, 0)", counts());
+            failures += 1;
+        }
+        // The shared page: a hit for both.
+        madvise(p + PAGE, PAGE, libc::MADV_DONTNEED);
+        if counts() != (2, 2, 0) {
+            eprintln!("the shared page: {:?}, want (2, 2, 0)", counts());
+            failures += 1;
+        }
+        unmap(p, 4 * PAGE);
+        failures
+    });
+    assert_eq!(code, 0, "counts (see the child's stderr)");
 }
 
 #[test]

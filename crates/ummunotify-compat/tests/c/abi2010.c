@@ -323,7 +323,7 @@ static void test_blocking_and_flags(void) {
         /* The in-thread backends invalidate before the madvise syscall and again after it. The
            read above, woken by the first pass, may re-arm the region before the second pass,
            which then invalidates it again: one more event for the same call than the device
-           gave (conservative, never stale; documented in ARCHITECTURE.md, hooks backend, "With the
+           gave (conservative, never stale; documented in architecture/backends.md, hooks backend, "With the
            other parts"). At most one. */
         r = read(fd, ev, sizeof ev);
         CHECK((r == -1 && errno == EAGAIN) ||
@@ -467,9 +467,24 @@ static void test_counter_patch_program(void) {
     CHECK(close(fd) == 0);
 }
 
+/* Whether a descriptor's counter also counts the messages of other descriptors' pages: the
+   preload on userfaultfd counts each message ahead, before it reads it (so the count has moved
+   when the unmapping call returns), for every descriptor that has a region, and never takes it
+   back (docs/architecture/interfaces.md, "The 2010 counter"). The device counts exactly. */
+static int counts_others_ahead(void) {
+    const char *impl = getenv("UMN_IMPL");
+    const char *backend = getenv("UMN_BACKEND");
+    if (impl != NULL && strcmp(impl, "module") == 0)
+        return 0;
+    /* The in-thread backends count exactly, one per libc call that hit a region. */
+    return !(backend != NULL && (strcmp(backend, "hooks") == 0 || strcmp(backend, "hybrid") == 0));
+}
+
 /* madvise over three VMAs is three notifications; an mremap move is two (the move of the page
-   tables, then the unmap of the old range); a second descriptor's counter does not move. */
+   tables, then the unmap of the old range); a second descriptor's counter does not move on the
+   device, and moves by one per message while it has a region on the preload (counted ahead). */
 static void test_counter_exact(void) {
+    int ahead = counts_others_ahead();
     int fd = open_dev(O_RDONLY | O_NONBLOCK);
     int other = open_dev(O_RDONLY | O_NONBLOCK);
     volatile __u64 *counter = map_counter(fd);
@@ -485,7 +500,7 @@ static void test_counter_exact(void) {
     CHECK(madvise(p, 3 * page, MADV_DONTNEED) == 0);
     CHECK(*counter == 3);
     CHECK_ERR(read(other, ev, sizeof ev), EAGAIN); /* settled: see test_overlapping_descriptors */
-    CHECK(*other_counter == 0);
+    CHECK(*other_counter == (ahead ? 3 : 0));
     CHECK(drain(fd, ev, MAX_EV, counter) == 1);
     CHECK(ev[0].user_cookie_counter == 1 && ev[0].flags == 0); /* hit three times: no HINT */
     CHECK(ev[0].hint_start == (uintptr_t)p && ev[0].hint_end == (uintptr_t)(p + 3 * page));
@@ -514,11 +529,11 @@ static void test_counter_exact(void) {
     CHECK(*counter == 6);
     CHECK_ERR(read(fd, ev, sizeof ev), EAGAIN);
     CHECK_ERR(read(other, ev, sizeof ev), EAGAIN);
-    CHECK(*other_counter == 0);
+    CHECK(*other_counter == (ahead ? 6 : 0));
     CHECK(munmap(o, page) == 0);
-    /* fd's own read settles the provisional count the shared context's message gave it. */
+    /* fd has no region left: the message of other's page does not count for it. */
     CHECK_ERR(read(fd, ev, sizeof ev), EAGAIN);
-    CHECK(*other_counter == 1 && *counter == 6);
+    CHECK(*other_counter == (ahead ? 7 : 1) && *counter == 6);
     CHECK(drain(other, ev, MAX_EV, other_counter) == 1 && ev[0].user_cookie_counter == 2);
 
     munmap((void *)counter, sizeof(__u64));
@@ -882,7 +897,8 @@ static void test_raw_syscalls_without_kcmp(void) {
 }
 
 /* ---- A thread storm on two descriptors, disjoint pages: each descriptor's counter counts
-   exactly its own notifications. ---- */
+   its own notifications (exactly on the device; on the preload over userfaultfd also the other's
+   messages while it has a region, never fewer). ---- */
 #define STORM_THREADS 4
 #define STORM_ROUNDS 200
 static int storm_fd[2];
@@ -928,7 +944,10 @@ static void test_storm_two_descriptors(void) {
     fprintf(stderr, "storm: %llu and %llu notifications, %llu calls each\n",
             (unsigned long long)*c0, (unsigned long long)*c1, (unsigned long long)each);
     CHECK(*c0 >= each && *c1 >= each);
-    CHECK(*c0 <= each + each / 10 && *c1 <= each + each / 10);
+    /* On the preload over userfaultfd each counts the other's messages ahead too, while it has
+       a region (counts_others_ahead): at most all of both descriptors' messages. */
+    __u64 most = (counts_others_ahead() ? 2 * each : each) + each / 10;
+    CHECK(*c0 <= most && *c1 <= most);
     struct ummunotify_event ev[MAX_EV];
     CHECK_ERR(read(storm_fd[0], ev, sizeof ev), EAGAIN); /* unregistering dropped the rest */
     munmap((void *)c0, sizeof(__u64));
@@ -954,27 +973,29 @@ static void test_overlapping_descriptors(void) {
     CHECK(madvise(p, page, MADV_DONTNEED) == 0); /* a's pages only */
     CHECK(*ca == 1);
     /* Every descriptor shares the process's one userfaultfd context, which hands each message to
-       all of them before anyone can know whom it concerns: b's counter counts the message while it
-       is taken and gives it back when it hit nothing of b's. b's own read waits for that. */
+       all of them before anyone can know whom it concerns: b, which has regions, counts it ahead
+       and keeps it (counts_others_ahead); on the device, and on the in-thread backends, b's
+       counter does not move. Either way b has nothing to read. */
+    __u64 x = counts_others_ahead() ? 1 : 0;
     CHECK_ERR(read(b, ev, sizeof ev), EAGAIN);
-    CHECK(*cb == 0);
+    CHECK(*cb == x);
     CHECK(drain(a, ev, MAX_EV, ca) == 1 && ev[0].user_cookie_counter == 1);
     CHECK(madvise(p + page, page, MADV_DONTNEED) == 0); /* the shared page */
-    CHECK(*ca == 2 && *cb == 1);
+    CHECK(*ca == 2 && *cb == 1 + x);
     CHECK(drain(a, ev, MAX_EV, ca) == 1 && ev[0].user_cookie_counter == 1);
     CHECK(drain(b, ev, MAX_EV, cb) == 1 && ev[0].user_cookie_counter == 2);
     CHECK(munmap(q, page) == 0);
-    CHECK(*ca == 3 && *cb == 2);
+    CHECK(*ca == 3 && *cb == 2 + x);
     CHECK(drain(a, ev, MAX_EV, ca) == 1 && ev[0].user_cookie_counter == 3);
     CHECK(drain(b, ev, MAX_EV, cb) == 1 && ev[0].user_cookie_counter == 4);
     /* Closing a keeps b's watch on the shared page. */
     munmap((void *)ca, sizeof(__u64));
     CHECK(close(a) == 0);
     CHECK(madvise(p + page, page, MADV_DONTNEED) == 0);
-    CHECK(*cb == 3);
+    CHECK(*cb == 3 + x);
     CHECK(drain(b, ev, MAX_EV, cb) == 1 && ev[0].user_cookie_counter == 2);
     CHECK(munmap(p, 3 * page) == 0);
-    CHECK(*cb == 4);
+    CHECK(*cb == 4 + x);
     munmap((void *)cb, sizeof(__u64));
     CHECK(close(b) == 0);
 }
