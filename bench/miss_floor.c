@@ -10,7 +10,7 @@
  *   a signal-mask pair     what holding the notifier's index lock costs a user thread
  *                          (guarantee 4: a handler that unmaps must not run while it is held)
  *   PROCMAP_QUERY          the lookup after a watch on userfaultfd: is the range shared memory,
- *                          which then needs a fresh-watch window (docs/ARCHITECTURE.md)
+ *                          which then needs a fresh-watch window (docs/architecture/in-flight.md)
  *
  * usage: gcc -O2 -o /tmp/miss_floor bench/miss_floor.c && /tmp/miss_floor [pages]
  * Needs userfaultfd (root, or vm.unprivileged_userfaultfd=1). Medians, ns.

@@ -20,7 +20,7 @@
 //!   returned (no syscall, no allocation);
 //! * invalidations reach libfabric as `import_ops->notify(addr, len)` from a delivery thread of
 //!   this crate, never from inside a libfabric callback and never from the notifier's monitor
-//!   thread (see `docs/ARCHITECTURE.md`, "libfabric monitor");
+//!   thread (see `docs/architecture/interfaces.md`, "libfabric monitor");
 //! * `start`/`stop` create and destroy the notifier with libfabric's first and last MR cache.
 //!
 //! Turn it on with [`import`] (Rust), `ummunotify_fabric_import()` (C, `include/ummunotify-fabric.h`)

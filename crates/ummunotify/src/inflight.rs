@@ -7,7 +7,7 @@
 //! comes. So from the moment the monitor has read a `REMOVE` until the zap is known to have
 //! happened, the range is *in flight* ([`InFlight`], under the index lock): registering a region
 //! over it waits for the end (or, after a bound, is born invalid with an event), and re-arming one
-//! waits likewise. See `docs/ARCHITECTURE.md`, "REMOVE in flight", for the argument.
+//! waits likewise. See `docs/architecture/in-flight.md`, "REMOVE in flight", for the argument.
 //!
 //! How the end is learnt (only when a user call needs the range; the monitor just records):
 //!
@@ -243,7 +243,7 @@ fn handler_addr() -> usize {
 /// Installs the handler once per process, if the signal is free (its disposition is the
 /// default); otherwise signalling stays off and every entry ends by a later look or by grace.
 ///
-/// How the signal stays harmless to its host (docs/ARCHITECTURE.md, "The signal and its host"):
+/// How the signal stays harmless to its host (docs/architecture/in-flight.md, "The signal and its host"):
 /// * no `SA_ONSTACK`: the handler runs on the stack the thread is on, never starting a frame on
 ///   the thread's alternate stack;
 /// * its `sa_mask` blocks every signal, so no handler of the host nests on ours;
@@ -624,7 +624,7 @@ impl InFlight {
 
     /// Records a fresh-watch window over `[start, end)`: a registration watched shared memory
     /// just now, and a `madvise(MADV_REMOVE)` that looked for a watch before may still zap it
-    /// (`docs/ARCHITECTURE.md`, "Fresh watches of shared memory"). Resolved like a `REMOVE`
+    /// (`docs/architecture/in-flight.md`, "Fresh watches of shared memory"). Resolved like a `REMOVE`
     /// read now; counted in `fresh_confirmed` / `fresh_by_grace`.
     pub(crate) fn record_fresh(&mut self, start: u64, end: u64) -> u64 {
         self.record_as(start, end, false, true)

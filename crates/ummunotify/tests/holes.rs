@@ -356,7 +356,7 @@ fn windows(n: &Notifier) -> (u64, u64) {
 }
 
 /// Shared memory announced into a hole gets the fresh-watch window a registration's watch of
-/// shared memory gets (ARCHITECTURE.md, "Fresh watches of shared memory": a `MADV_REMOVE` that
+/// shared memory gets (architecture/in-flight.md, "Fresh watches of shared memory": a `MADV_REMOVE` that
 /// looked for a watch before this one may still punch): one window per announcement, none for
 /// private memory, and the memory is watched from then on.
 #[test]

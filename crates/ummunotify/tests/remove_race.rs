@@ -19,7 +19,7 @@
 //! On shmem buffers a writer per set keeps the memfd's inode lock busy (`Buffers::contend`):
 //! `MADV_REMOVE` punches under that lock after its check for a watch, so a registration that
 //! watches the range in between (no `REMOVE` is sent then) races the punch, as on a loaded
-//! machine (ARCHITECTURE.md, "Fresh watches of shared memory").
+//! machine (architecture/in-flight.md, "Fresh watches of shared memory").
 //!
 //! Duration per kind: `UMN_REMOVE_RACE_SECS` (default 1 s; CI runs 60 s per kind).
 //! `UMN_REMOVE_RACE_EXPECT_STALE=1` turns the test into the "before" measurement: it reports the

@@ -227,7 +227,7 @@ pub(crate) trait Watcher: Send + Sync {
     /// `madvise(MADV_REMOVE)` that looked for a watch before it existed sends no message, yet
     /// zaps afterwards, `mmap_lock` dropped (userfaultfd). The core then opens an in-flight
     /// window over the newly watched shared range and waits for it, as for a `REMOVE` read
-    /// (`docs/ARCHITECTURE.md`, "REMOVE in flight", the fresh-watch case).
+    /// (`docs/architecture/in-flight.md`, "REMOVE in flight", the fresh-watch case).
     fn fresh_watch_window(&self) -> bool {
         false
     }

@@ -21,7 +21,7 @@
 //! Dropping the handle clears the hazard slot. An MRU miss looks the range up in a `BTreeMap`
 //! under a striped reader lock where each thread locks only its own stripe. The orderings, and the
 //! `membarrier(2)` asymmetric fence that keeps the hit path free of fences, are explained in
-//! `docs/ARCHITECTURE.md`, "Registration cache".
+//! `docs/architecture/cache.md`, "Registration cache".
 //!
 //! # One notifier, shared with your own regions
 //!

@@ -149,7 +149,7 @@ impl LostRanges {
     }
 }
 
-/// The watch policy's VMA budget (docs/ARCHITECTURE.md, "Watch policy").
+/// The watch policy's VMA budget (docs/architecture/regions.md, "Watch policy").
 ///
 /// Watching exactly a region's pages splits the VMA they lie in (a watched VMA between two
 /// unwatched ones: up to two more VMAs per disjoint watched range), and the kernel refuses new

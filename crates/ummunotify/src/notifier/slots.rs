@@ -2,13 +2,13 @@
 //!
 //! A [`Slot`] holds one region's validity word (read without locks), its cookie, its index node
 //! and its pending event's hint; [`Locked`] is the proof that the index lock is held and the only
-//! way to reach the cells (see `docs/ARCHITECTURE.md`, "Region storage" and "Locks").
+//! way to reach the cells (see `docs/architecture/regions.md`, "Region storage" and "Locks").
 #![allow(unsafe_code)] // Slot data lives in UnsafeCells guarded by the index lock; see `Locked`.
 
 use super::*;
 
 /// One region's storage: 56 bytes (with the cookie table's 4/load bytes and the queue's bit,
-/// under 64 per region; `docs/ARCHITECTURE.md`, "Region storage").
+/// under 64 per region; `docs/architecture/regions.md`, "Region storage").
 ///
 /// `word` is read without locks and written under the index lock; `cookie` is written under
 /// both locks and read under the registry lock; `node` and `hint` are reached only under the

@@ -39,7 +39,7 @@ pub struct Stats {
     pub removes_by_grace: u64,
     /// `REMOVE`s in flight now (fresh-watch windows included).
     pub removes_in_flight: usize,
-    /// Fresh-watch windows (a registration watched shared memory, see `docs/ARCHITECTURE.md`,
+    /// Fresh-watch windows (a registration watched shared memory, see `docs/architecture/in-flight.md`,
     /// "Fresh watches of shared memory") ended by confirmation. Not counted as `REMOVE`s above.
     pub fresh_windows_confirmed: u64,
     /// Fresh-watch windows ended by a grace period (signals off, or a member that never

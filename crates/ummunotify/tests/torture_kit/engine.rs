@@ -1316,7 +1316,7 @@ impl Worker<'_> {
                 let h = match w.cache.get(r.start, r.len()) {
                     Ok(h) => h,
                     // The changer drops these pages without pause, and a miss on the shmem set
-                    // waits for its fresh-watch window (ARCHITECTURE.md): a change can land in
+                    // waits for its fresh-watch window (docs/architecture/in-flight.md): a change can land in
                     // every attempt. The cache says so; that is its contract, not a failure.
                     Err(ummunotify::cache::Error::Unstable) => {
                         w.c.churn_unstable.fetch_add(1, Relaxed);
