@@ -187,6 +187,43 @@ fn c_counters() {
     }
 }
 
+/// UCX's memory hooks (libucm, from Debian's libucx0) in the same process, loaded before the
+/// library (preloaded: hooks and hybrid refuse, naming UCX and the fallback; the default backend
+/// works) and after it (dlopened: a hooks notifier stops before UCX writes, hybrid carries on
+/// through userfaultfd), and in UCX's GOT-rewriting mode (every backend works through UCX's
+/// calls); no stale check, crash or hang in any order (tests/c/ucm.c).
+#[test]
+fn c_ucx_memory_hooks_in_the_same_process() {
+    for link in [Link::Shared, Link::Static] {
+        let exe = compile("ucm", link);
+        for backend in ["auto", "hooks", "hybrid"] {
+            let env = [
+                ("LD_PRELOAD", "libucs.so.0"),
+                ("UMN_UCM_ORDER", "first"),
+                ("UMN_BACKEND", backend),
+            ];
+            if !run(&exe, &env) {
+                return;
+            }
+        }
+        for backend in ["hooks", "hybrid"] {
+            let env = [("UMN_UCM_ORDER", "late"), ("UMN_BACKEND", backend)];
+            if !run(&exe, &env) {
+                return;
+            }
+            let env = [
+                ("LD_PRELOAD", "libucs.so.0"),
+                ("UCX_MEM_MMAP_HOOK_MODE", "reloc"),
+                ("UMN_UCM_ORDER", "reloc"),
+                ("UMN_BACKEND", backend),
+            ];
+            if !run(&exe, &env) {
+                return;
+            }
+        }
+    }
+}
+
 /// The hooks backend through the C library, chosen with `UMN_BACKEND=hooks` (what Auto picks
 /// where userfaultfd is denied).
 #[test]

@@ -130,6 +130,13 @@ pub(crate) trait Sink: Send + Sync {
 
     /// The backend can not deliver any more: every check fails from now on.
     fn kill(&self);
+    /// Another library is rewriting libc's code where the hooks are (`backend::hooks`): from
+    /// now on the hooked calls may bypass them. A notifier that sees libc's calls only through
+    /// the hooks is killed (every check fails: safe and loud); hybrid, whose userfaultfd watch
+    /// stays on every page no hook unwatched, carries on without them.
+    fn hooks_overwritten(&self) {
+        self.kill();
+    }
 }
 
 /// A backend's "has anything changed" check, consulted by every check of the notifier before its

@@ -249,6 +249,12 @@ pub(crate) trait Watcher: Send + Sync {
     ///
     /// # Errors
     /// Why delivery can not start (for example, no thread could be spawned).
+    /// Why the backend stopped serving its notifiers, when it killed them for a reason the
+    /// caller can act on (the hooks overwritten by another library); `None` otherwise.
+    fn stopped_because(&self) -> Option<crate::Unsupported> {
+        None
+    }
+
     fn deliver(&self, sink: Arc<dyn Sink>) -> crate::Result<Box<dyn Delivery>>;
 }
 
@@ -269,9 +275,11 @@ pub(crate) fn open(
     backend: Backend,
 ) -> Result<(Box<dyn Watcher>, Backend, String), crate::Unsupported> {
     let hooks = || {
-        hooks::install()
-            .clone()
-            .map(|how| (hooks::watcher(), Backend::Hooks, how))
+        let how = hooks::install().clone()?;
+        if !hooks::intact() {
+            return Err(hooks::OVERWRITTEN_REASON.to_owned());
+        }
+        Ok((hooks::watcher(), Backend::Hooks, how))
     };
     let uffd = |c: Arc<uffd::Context>, why: &str| {
         let how = format!(
@@ -304,11 +312,17 @@ pub(crate) fn open(
             let how = hooks::install()
                 .clone()
                 .map_err(|reason| crate::Unsupported::Hooks { reason })?;
-            let why = format!(
+            let mut why = format!(
                 "asked for hybrid: hooks in front of userfaultfd (the process's one context, \
                  opened with {}); {how}",
                 ctx.how()
             );
+            if !hooks::intact() {
+                // Still correct: every watch stays with userfaultfd until a hook removes it.
+                why.push_str(
+                    "; the hooks were overwritten by another library: runs as userfaultfd",
+                );
+            }
             Ok((hybrid::watcher(ctx), Backend::Hybrid, why))
         }
         Backend::Ebpf => {

@@ -125,7 +125,10 @@ impl Shared {
         if c & FORKED != 0 {
             Err(Error::Forked)
         } else if c & DEAD != 0 {
-            Err(Error::MonitorDead)
+            Err(self
+                .watcher
+                .stopped_because()
+                .map_or(Error::MonitorDead, Error::Unsupported))
         } else {
             Ok(())
         }

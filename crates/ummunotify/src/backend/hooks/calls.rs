@@ -182,6 +182,19 @@ extern "C" fn shmdt(a0: u64, a1: u64, a2: u64, a3: u64, a4: u64, a5: u64) -> i64
     around([r, None], true, libc::SYS_shmdt as u64, a)
 }
 
+/// `mprotect` is hooked for one reason: a library that is about to patch libc's code makes the
+/// page writable first (UCX's memory hooks do, through libc's `mprotect`). A write permission on
+/// a page of our sites means the hooks may soon be bypassed: before the call is made, every
+/// notifier that sees libc's calls only through the hooks is killed (`Sink::hooks_overwritten`).
+extern "C" fn mprotect(a0: u64, a1: u64, a2: u64, a3: u64, a4: u64, a5: u64) -> i64 {
+    count();
+    if a2 & libc::PROT_WRITE as u64 != 0 && super::patch::touches_sites(a0, a1) {
+        super::overwritten();
+    }
+    // SAFETY: the caller's own syscall with its own arguments.
+    unsafe { syscall6(libc::SYS_mprotect as u64, [a0, a1, a2, a3, a4, a5]) }
+}
+
 /// How many calls went through a hook (tests use it to see that a path is hooked at all),
 /// in 16 cache-line-padded shards picked by the caller's stack address, so that threads
 /// unmapping at the same time do not fight over one line.
@@ -224,5 +237,6 @@ pub(super) fn targets() -> Vec<Target> {
         target(c"mremap", libc::SYS_mremap, mremap, true),
         target(c"brk", libc::SYS_brk, brk, true),
         target(c"shmdt", libc::SYS_shmdt, shmdt, false),
+        target(c"mprotect", libc::SYS_mprotect, mprotect, false),
     ]
 }

@@ -98,6 +98,13 @@ pub(crate) fn watcher() -> Box<dyn Watcher> {
 
 impl Watcher for HooksWatcher {
     fn watch(&self, start: u64, end: u64) -> crate::Result<()> {
+        // A patcher that wrote over a site without our `mprotect` hook seeing it (a raw syscall,
+        // /proc/self/mem) is found here at the latest.
+        if !intact() {
+            return Err(crate::Error::Unsupported(crate::Unsupported::Hooks {
+                reason: OVERWRITTEN_REASON.into(),
+            }));
+        }
         self.watch.watch(start, end);
         Ok(())
     }
@@ -113,6 +120,12 @@ impl Watcher for HooksWatcher {
 
     fn deliver(&self, sink: Arc<dyn Sink>) -> crate::Result<Box<dyn Delivery>> {
         publish(sink)
+    }
+
+    fn stopped_because(&self) -> Option<crate::Unsupported> {
+        OVERWRITTEN.load(SeqCst).then(|| crate::Unsupported::Hooks {
+            reason: OVERWRITTEN_REASON.into(),
+        })
     }
 }
 
@@ -201,6 +214,36 @@ pub(crate) fn invalidate(start: u64, end: u64, unmap: bool, again: bool) {
     }
     SINKS.for_each(|sink| sink.invalidate_in_thread(start, end, unmap, again));
 }
+
+/// Set once another library was seen writing into libc's code over the hooks.
+static OVERWRITTEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Another library is rewriting libc's code where our sites are (seen by the `mprotect` hook,
+/// or by [`intact`] finding a site changed): every notifier that depends on the hooks alone is
+/// killed, and no new one starts. Hook path: atomics and the sinks' `hooks_overwritten`.
+pub(crate) fn overwritten() {
+    OVERWRITTEN.store(true, SeqCst);
+    if in_publisher() {
+        SINKS.for_each(|sink| sink.hooks_overwritten());
+    }
+}
+
+/// Whether the hooks are still in place: no other library made our sites writable or wrote over
+/// them since they went in. A changed site is handled as [`overwritten`] first.
+pub(crate) fn intact() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if !OVERWRITTEN.load(SeqCst) && !patch::intact() {
+        overwritten();
+    }
+    !OVERWRITTEN.load(SeqCst)
+}
+
+/// Why the hooks can not serve a new notifier any more.
+pub(crate) const OVERWRITTEN_REASON: &str =
+    "another library is writing into libc's code over ummunotify's hooks (it made their page \
+     writable, or changed a patched site; UCX's memory hooks do this when libucs loads after \
+     ummunotify): hooks notifiers were stopped, every check of theirs fails; use the userfaultfd \
+     or hybrid backend, or load that library first with its hooks off (UCX_MEM_EVENTS=n)";
 
 extern "C" fn fork_prepare() {
     // An install in progress finishes first (the child would otherwise wait forever on it).

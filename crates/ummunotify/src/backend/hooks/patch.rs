@@ -44,6 +44,44 @@ pub(crate) struct Patched {
     pub(crate) notes: Vec<String>,
 }
 
+/// Most sites remembered for [`intact`] (glibc 2.36 has 12).
+const KEPT: usize = 32;
+/// Each patched site's 8-byte window and the bytes we left there (0: unused).
+static KEPT_AT: [std::sync::atomic::AtomicUsize; KEPT] =
+    [const { std::sync::atomic::AtomicUsize::new(0) }; KEPT];
+static KEPT_BYTES: [std::sync::atomic::AtomicU64; KEPT] =
+    [const { std::sync::atomic::AtomicU64::new(0) }; KEPT];
+
+/// Whether `[addr, addr + len)` touches a page holding one of our sites. Hook path: loads only.
+pub(crate) fn touches_sites(addr: u64, len: u64) -> bool {
+    let (lo, hi) = (addr & !(PAGE as u64 - 1), addr.saturating_add(len));
+    KEPT_AT.iter().any(|w| {
+        let w = w.load(std::sync::atomic::Ordering::Relaxed) as u64;
+        w != 0 && w + 8 > lo && w < hi
+    })
+}
+
+/// Whether every site still holds the jump we wrote (another library may have written over
+/// it since: UCX's memory hooks patch the same instruction at a function's entry). Loads only.
+pub(crate) fn intact() -> bool {
+    use std::sync::atomic::Ordering::Relaxed;
+    KEPT_AT.iter().zip(&KEPT_BYTES).all(|(w, b)| {
+        let w = w.load(Relaxed);
+        // SAFETY: a window of libc's text that install patched; libc is never unloaded.
+        w == 0 || unsafe { (w as *const u64).read_unaligned() } == b.load(Relaxed)
+    })
+}
+
+/// What a function's bytes say when glibc's site is not in them: another library's jump where
+/// the site's `mov` was (a `jmp rel32` right before the `syscall`, or one at the entry).
+fn patched_by_another(code: &[u8]) -> bool {
+    let jmp_before_syscall = code
+        .windows(SITE_LEN)
+        .any(|w| w[0] == 0xe9 && w[5] == 0x0f && w[6] == 0x05);
+    let jmp_at_entry = matches!(code, [0xe9, ..] | [0xff, 0x25, ..] | [0x49, 0xbb, ..]);
+    jmp_before_syscall || jmp_at_entry
+}
+
 const PAGE: usize = 4096;
 /// `<dlfcn.h>`: `dladdr1` returns the `ElfW(Sym)` of the symbol (not in the libc crate).
 const RTLD_DL_SYMENT: libc::c_int = 1;
@@ -170,10 +208,20 @@ fn protect(addr: usize, len: usize, prot: libc::c_int) -> Result<(), String> {
     let start = addr & !(PAGE - 1);
     let end = (addr + len + PAGE - 1) & !(PAGE - 1);
     // SAFETY: changes the protection of pages of libc's text (or our stub page); the caller
-    // restores read+execute right after writing.
-    let r = unsafe { libc::mprotect(start as *mut libc::c_void, end - start, prot) };
+    // restores read+execute right after writing. A raw syscall: libc's `mprotect` is hooked
+    // once its site is patched, and its hook watches for writes to our sites (`calls`).
+    let r = unsafe {
+        super::calls::syscall6(
+            libc::SYS_mprotect as u64,
+            [start as u64, (end - start) as u64, prot as u64, 0, 0, 0],
+        )
+    };
     if r != 0 {
-        return Err(os_err(&format!("mprotect({start:#x}, {})", end - start)));
+        return Err(format!(
+            "mprotect({start:#x}, {}): {}",
+            end - start,
+            std::io::Error::from_raw_os_error(-r as i32)
+        ));
     }
     Ok(())
 }
@@ -231,6 +279,15 @@ pub(crate) fn install(targets: &[Target]) -> Result<Patched, String> {
                 "{name} at {addr:#x} ({size} bytes): no `mov ${}, %eax; syscall` in it",
                 t.nr
             );
+            // SAFETY: as for `find_sites`.
+            let code = unsafe { std::slice::from_raw_parts(addr as *const u8, size) };
+            if t.required && patched_by_another(code) {
+                return Err(format!(
+                    "another library patched libc first: {msg}, a jump where glibc has it (UCX's \
+                     memory hooks do this when libucs loads: start UCX with UCX_MEM_EVENTS=n, or \
+                     use the userfaultfd backend, UMN_BACKEND=auto or uffd)"
+                ));
+            }
             if t.required {
                 return Err(format!("unknown glibc layout: {msg}"));
             }
@@ -283,6 +340,13 @@ pub(crate) fn install(targets: &[Target]) -> Result<Patched, String> {
         // that change are exactly the 5-byte `mov` checked by `find_sites` (one instruction).
         unsafe { store8(w, u64::from_le_bytes(bytes)) };
         protect(w, 8, libc::PROT_READ | libc::PROT_EXEC)?;
+        if i < KEPT {
+            KEPT_BYTES[i].store(
+                u64::from_le_bytes(bytes),
+                std::sync::atomic::Ordering::Relaxed,
+            );
+            KEPT_AT[i].store(w, std::sync::atomic::Ordering::Release);
+        }
     }
     if let Err(e) = sync_cores() {
         notes.push(format!(
