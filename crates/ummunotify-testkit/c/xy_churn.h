@@ -13,6 +13,7 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include <dlfcn.h>
 #include <malloc.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -160,6 +161,20 @@ static inline int xy_round(const struct xy_ops *ops, struct xy_tally *t, enum xy
     if (!seen)
         atomic_fetch_add(&t->missed[kind], 1);
     return 1;
+}
+
+/* Whether malloc is glibc's (not a preloaded allocator's or a sanitizer's): only glibc's free
+   and realloc are sure to unmap and move a block above its mmap threshold, so the free and
+   realloc kinds are required to have run only then (elsewhere their rounds are judged when the
+   allocator did unmap). */
+static inline int xy_glibc_malloc(void) {
+    void *libc = dlopen("libc.so.6", RTLD_NOW | RTLD_NOLOAD);
+    return libc != NULL && dlsym(RTLD_DEFAULT, "malloc") == dlsym(libc, "malloc");
+}
+
+/* Whether `kind` is made by the allocator. */
+static inline int xy_allocator(enum xy_kind kind) {
+    return kind == XY_FREE || kind == XY_REALLOC_MOVES;
 }
 
 /* glibc's mmap threshold fixed at 128 KiB (no dynamic raise after a free), so the blocks of
