@@ -68,7 +68,7 @@ def parse_log(path):
     cpus = 0
     for line in lines:
         line = line.rstrip()
-        m = re.match(r"^UMN-GUEST booted \S+, (\d+) CPUs$", line)
+        m = re.search(r"UMN-GUEST booted \S+, (\d+) CPUs$", line)
         if m:
             cpus = int(m.group(1))
         m = re.match(r"^UMN-RESULT (\S+) (\S+) (PASS|FAIL|SKIP)(?: (.*))?$", line)
