@@ -33,12 +33,12 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering::Relaxed};
+use std::sync::atomic::{AtomicI32, Ordering::Relaxed};
 use std::sync::Once;
 use std::time::Duration;
 
 use std::sync::atomic::AtomicU64;
-use std::sync::atomic::Ordering::{self, AcqRel, Acquire, Release, SeqCst};
+use std::sync::atomic::Ordering::{self, AcqRel, Acquire, Release};
 
 /// Entries (in-flight `REMOVE`s) per notifier.
 pub(crate) const ENTRIES: usize = 64;
@@ -248,7 +248,8 @@ fn handler_addr() -> usize {
 ///   the thread's alternate stack;
 /// * its `sa_mask` blocks every signal, so no handler of the host nests on ours;
 /// * ours never nests on a host handler that runs on the alternate stack: [`guard_hosts`] adds
-///   our signal to the `sa_mask` of every such handler, and nothing is sent while one lacks it.
+///   our signal to the `sa_mask` of every such handler, and nothing is sent unless a look made
+///   right before the send found them all blocking it.
 pub(crate) fn install() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
@@ -289,15 +290,12 @@ pub fn signal() -> Option<i32> {
     Some(SIGNO.load(Relaxed)).filter(|&s| s != 0)
 }
 
-/// Every host handler that runs on the alternate stack blocks our signal (the last
-/// [`guard_hosts`] found so); signals are sent only while this holds.
-static HOSTS_GUARDED: AtomicBool = AtomicBool::new(false);
-
 /// Makes every handler of the process that runs on the alternate stack (`SA_ONSTACK`) block our
 /// signal, so ours is never delivered on top of one (where its frame, 1.7 to 12 KiB by CPU, could
 /// overflow a small alternate stack), and returns whether they all do now. Called by user
-/// threads before a round of signals (and once at install); the event path only reads the
-/// answer ([`live_signal`]).
+/// threads right before they send ([`Outbox::send`]; and once at install). The monitor never
+/// sends: a host may install a handler at any time, and only a look made just before the
+/// signals go can vouch for it.
 ///
 /// A handler lacking our signal in its `sa_mask` is changed (read, then written back with our
 /// signal added, nothing else) only when the previous call saw it exactly the same: a host that
@@ -305,15 +303,14 @@ static HOSTS_GUARDED: AtomicBool = AtomicBool::new(false);
 /// the host changed the handler between our read and our write, its handler is put back as it
 /// wrote it and nothing is sent this round. Until then no signal is sent: the entries end by a
 /// later look or by grace, which is safe.
-pub(crate) fn guard_hosts() -> bool {
+pub(crate) fn guard_hosts() -> Option<u64> {
     /// What the last call saw of a handler that lacked our signal (0: nothing lacking).
     static LACKING: [AtomicU64; 65] = [const { AtomicU64::new(0) }; 65];
     static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let Some(ours) = signal() else {
-        return false;
-    };
+    let ours = signal()?;
     let _one = ONE.lock().unwrap_or_else(|p| p.into_inner());
     let mut guarded = true;
+    let mut on_stack_set = 0u64;
     for s in 1..=libc::SIGRTMAX().min(64) {
         if s == ours || s == libc::SIGKILL || s == libc::SIGSTOP {
             continue;
@@ -332,6 +329,9 @@ pub(crate) fn guard_hosts() -> bool {
             && cur.sa_sigaction != libc::SIG_DFL
             && cur.sa_sigaction != libc::SIG_IGN;
         let seen = &LACKING[s as usize];
+        if on_stack {
+            on_stack_set |= 1 << (s - 1);
+        }
         if !on_stack || blocks {
             seen.store(0, Relaxed);
             continue;
@@ -364,8 +364,75 @@ pub(crate) fn guard_hosts() -> bool {
             guarded = false;
         }
     }
-    HOSTS_GUARDED.store(guarded, SeqCst);
-    guarded
+    guarded.then_some(on_stack_set)
+}
+
+/// Whether thread `tid` may be inside a handler of one of `on_stack` (a mask of signals whose
+/// handlers run on the alternate stack) that does not block `ours`: its blocked set has such a
+/// signal but not ours. A handler entered before [`guard_hosts`] added our signal to its mask
+/// runs with the old mask until it returns, so a signal of ours then would nest on its frame.
+/// Unknown (no `/proc`) counts as inside. One `/proc/self/task/TID/status` read, stack buffer.
+fn in_unguarded_handler(tid: i32, on_stack: u64, ours: i32) -> bool {
+    let mut path = [0u8; 48];
+    let mut w = 0;
+    let mut put = |bytes: &[u8]| {
+        path[w..w + bytes.len()].copy_from_slice(bytes);
+        w += bytes.len();
+    };
+    put(b"/proc/self/task/");
+    let digits = itoa_digits(tid as u32);
+    put(&digits[..digits.iter().position(|&d| d == 0).unwrap_or(digits.len())]);
+    put(b"/status\0");
+    let mut buf = [0u8; 2048];
+    // SAFETY: a NUL-terminated path in a stack buffer; the fd is closed below.
+    let n = unsafe {
+        let fd = libc::open(path.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            return true;
+        }
+        let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
+        libc::close(fd);
+        n
+    };
+    let Ok(n) = usize::try_from(n) else {
+        return true;
+    };
+    let text = &buf[..n];
+    let Some(at) = text.windows(7).position(|w| w == b"SigBlk:") else {
+        return true;
+    };
+    let mut blocked = 0u64;
+    for &c in text[at + 7..]
+        .iter()
+        .skip_while(|c| c.is_ascii_whitespace())
+    {
+        let d = match c {
+            b'0'..=b'9' => c - b'0',
+            b'a'..=b'f' => c - b'a' + 10,
+            _ => break,
+        };
+        blocked = blocked << 4 | d as u64;
+    }
+    blocked & on_stack != 0 && blocked & (1 << (ours - 1)) == 0
+}
+
+/// The decimal digits of `v`, NUL-padded.
+fn itoa_digits(mut v: u32) -> [u8; 11] {
+    let mut rev = [0u8; 10];
+    let mut n = 0;
+    loop {
+        rev[n] = b'0' + (v % 10) as u8;
+        n += 1;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    let mut out = [0u8; 11];
+    for k in 0..n {
+        out[k] = rev[n - 1 - k];
+    }
+    out
 }
 
 /// A handler, its flags and the kernel's part of its mask (signals 1 to 64: glibc copies only
@@ -391,13 +458,9 @@ fn disposition_key(sa: &libc::sigaction) -> u64 {
 }
 
 /// The signal, if our handler is still the one installed (someone may have replaced it;
-/// sending then could kill the process if it were reset to the default) and the host's
-/// alternate-stack handlers all block it ([`guard_hosts`]).
+/// sending then could kill the process if it were reset to the default).
 fn live_signal() -> Option<i32> {
     let sig = signal()?;
-    if !HOSTS_GUARDED.load(SeqCst) {
-        return None;
-    }
     // SAFETY: reads the current disposition into a zeroed struct.
     let ours = unsafe {
         let mut cur: libc::sigaction = std::mem::zeroed();
@@ -558,6 +621,9 @@ pub(crate) struct InFlight {
     /// Fresh-watch windows ended by acknowledgement or exit / by grace.
     pub fresh_confirmed: u64,
     pub fresh_by_grace: u64,
+    /// Members `sweep` found owing an acknowledgement to a newer entry, to be signalled again
+    /// by a user thread ([`take_resend`](Self::take_resend)).
+    resend: Members,
 }
 
 /// Signals to send after the table was updated (outside the index lock).
@@ -565,10 +631,24 @@ pub(crate) struct InFlight {
 pub(crate) struct Outbox(Members);
 
 impl Outbox {
-    /// Sends the signals; one that can not be sent leaves its member to exit or grace.
+    /// Sends the signals, from a user thread with no lock held: only after a fresh look at the
+    /// host's handlers found every one that runs on the alternate stack blocking ours
+    /// ([`guard_hosts`]), microseconds before the signals go. One that can not be sent leaves
+    /// its member to a later look, exit or grace.
     pub(crate) fn send(&self) {
+        if self.0 == Members::default() {
+            return;
+        }
+        let Some(on_stack) = guard_hosts() else {
+            return;
+        };
         let Some(sig) = live_signal() else { return };
         for i in self.0.iter() {
+            // Not into a host handler entered before its mask had our signal (see there): the
+            // member is signalled by a later round, once that handler returned.
+            if on_stack != 0 && in_unguarded_handler(TIDS[i].load(Relaxed), on_stack, sig) {
+                continue;
+            }
             send(sig, i);
         }
     }
@@ -584,6 +664,7 @@ impl Default for InFlight {
             merged: 0,
             fresh_confirmed: 0,
             fresh_by_grace: 0,
+            resend: Members::default(),
         }
     }
 }
@@ -815,9 +896,14 @@ impl InFlight {
         }
     }
 
-    /// Ends every entry whose zap is known to have happened (or whose grace ran out); signals
-    /// again a member whose last signal was handled before the entry's ticket. Returns whether
-    /// any ended. Cheap when empty.
+    /// The members `sweep` noted for a new signal (to send with [`Outbox::send`]).
+    pub(crate) fn take_resend(&mut self) -> Outbox {
+        Outbox(std::mem::take(&mut self.resend))
+    }
+
+    /// Ends every entry whose zap is known to have happened (or whose grace ran out); notes for
+    /// a new signal ([`take_resend`](Self::take_resend)) a member whose last signal was handled
+    /// before the entry's ticket. Returns whether any ended. Cheap when empty.
     pub(crate) fn sweep(&mut self) -> bool {
         if self.len == 0 {
             return false;
@@ -828,7 +914,6 @@ impl InFlight {
         // Per sweep, each thread is checked (and signalled again) at most once.
         let mut checked = Members::default();
         let mut gone = Members::default();
-        let mut sig: Option<Option<i32>> = None;
         while i < self.len {
             let e = &self.entries[i];
             if !e.resolved {
@@ -852,9 +937,9 @@ impl InFlight {
                     gone.add(m);
                     continue;
                 }
-                if let Some(s) = *sig.get_or_insert_with(live_signal) {
-                    send(s, m);
-                }
+                // Signalled by the next waiting user thread (`take_resend`), after it looked at
+                // the host's handlers: this may be the monitor, which never signals.
+                self.resend.add(m);
             }
             // A member found gone above counted as not done for this entry; look again.
             if !all && !e.explicit {
@@ -1289,6 +1374,44 @@ pub(crate) fn parse_syscall(line: &[u8], tid: i32) -> Option<Candidate> {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+
+    /// A thread whose blocked set holds an alternate-stack handler's signal but not ours may be
+    /// inside that handler with its old mask: no signal for it. Ours blocked too, or neither: it
+    /// may be signalled. Read from this thread's own /proc status.
+    #[test]
+    fn a_thread_inside_an_unguarded_handler_is_not_signalled() {
+        let tid = crate::sys::gettid();
+        let (alrm, ours) = (libc::SIGALRM, libc::SIGRTMAX() - SIGNAL_OFFSET);
+        let on_stack = 1u64 << (alrm - 1);
+        let with = |sigs: &[i32], f: &mut dyn FnMut()| {
+            // SAFETY: sets and restores this thread's own signal mask.
+            unsafe {
+                let (mut set, mut old): (libc::sigset_t, libc::sigset_t) =
+                    (std::mem::zeroed(), std::mem::zeroed());
+                libc::sigemptyset(&mut set);
+                for &s in sigs {
+                    libc::sigaddset(&mut set, s);
+                }
+                libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
+                f();
+                libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+            }
+        };
+        with(&[alrm], &mut || {
+            assert!(in_unguarded_handler(tid, on_stack, ours))
+        });
+        with(&[alrm, ours], &mut || {
+            assert!(!in_unguarded_handler(tid, on_stack, ours))
+        });
+        with(&[], &mut || {
+            assert!(!in_unguarded_handler(tid, on_stack, ours))
+        });
+        assert!(
+            in_unguarded_handler(-1, on_stack, ours),
+            "no such thread: unknown"
+        );
+        assert_eq!(&itoa_digits(1234567)[..8], b"1234567\0");
+    }
 
     /// A live thread of this process that waits (in a futex, never running our handler) until
     /// its sender is used or dropped: its tid, the release, the handle.

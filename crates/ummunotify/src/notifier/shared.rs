@@ -266,7 +266,7 @@ impl Shared {
         let mut looked = crate::inflight::now_ns();
         loop {
             let mut workers = [0i32; crate::inflight::WORKERS];
-            let (unresolved, n_workers) = {
+            let (unresolved, n_workers, resend) = {
                 let mut l = self.lock_index_blocked();
                 if l.st.inflight.is_empty() {
                     return;
@@ -278,16 +278,17 @@ impl Shared {
                 (
                     l.st.inflight.unresolved(range.0, range.1),
                     l.st.inflight.workers(range.0, range.1, &mut workers),
+                    l.st.inflight.take_resend(),
                 )
             };
+            // Members that owe a newer entry an acknowledgement (noted by any sweep, the
+            // monitor's included): signalled from here, with no lock held.
+            resend.send();
             if unresolved {
                 // Scan after reading the horizon: every entry up to it was read before the scan
                 // began, so its sender is still in its call (named) or done with it.
                 let horizon = InFlight::horizon();
                 reg.scanner.scan(sys::gettid());
-                // Signals go out only while every host handler on the alternate stack blocks
-                // ours (`inflight::guard_hosts`): looked at again before each round.
-                crate::inflight::guard_hosts();
                 let outbox = {
                     let mut l = self.lock_index_blocked();
                     let (c, overflowed) = reg.scanner.candidates();
