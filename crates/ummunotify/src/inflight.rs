@@ -50,6 +50,15 @@ pub const SIGNAL_OFFSET: i32 = 2;
 pub const UNIDENTIFIED_GRACE: Duration = Duration::from_millis(100);
 /// How long a named thread that neither acknowledged nor exited keeps its entry in flight.
 pub const STUCK_GRACE: Duration = Duration::from_millis(200);
+/// How long a window the backend ends itself ([`WindowEnd::Closed`](crate::sink::WindowEnd):
+/// the patched kernel's `REMOVE_DONE`, a perf or eBPF exit record) stays open when that end does
+/// not come. The end normally comes; this bounds windows nobody will close (a notifier that
+/// joined after the start). 200 ms was too short with two vCPUs under a loaded host: a
+/// `MADV_REMOVE` that waits for a busy inode lock before it punches sent its `REMOVE_DONE` after
+/// it, and the window had ended by grace (the patched guest, after the guests got their second
+/// CPU). Longer is only more conservative: registrations over the window wait at most twice
+/// `STUCK_GRACE` and are then born invalid.
+pub const CLOSED_GRACE: Duration = Duration::from_secs(2);
 
 /// `madvise` and `process_madvise` on x86_64 (`/proc/TID/syscall` numbers).
 const NR_MADVISE: i64 = libc::SYS_madvise;
@@ -696,7 +705,8 @@ impl InFlight {
     /// newer ticket, unresolved again): never dropped, never waiting.
     ///
     /// Returns the entry's ticket, for [`close`](Self::close). An `explicit` entry is ended by
-    /// `close` (the backend knows the end), or after [`STUCK_GRACE`]; nobody is named for it.
+    /// `close` (the backend knows the end), or after [`CLOSED_GRACE`] ([`STUCK_GRACE`] once
+    /// merged); nobody is named for it.
     ///
     /// [`resolve`]: Self::resolve
     pub(crate) fn record(&mut self, start: u64, end: u64, explicit: bool) -> u64 {
@@ -921,7 +931,12 @@ impl InFlight {
                 continue;
             }
             let age = now.saturating_sub(e.since);
-            let stuck = age >= STUCK_GRACE.as_nanos() as u64;
+            let grace_ns = if e.explicit && !e.merged {
+                CLOSED_GRACE
+            } else {
+                STUCK_GRACE
+            };
+            let stuck = age >= grace_ns.as_nanos() as u64;
             // An explicit window has no members: only `close` or the grace end it.
             let mut all = !e.explicit;
             for m in e.members.iter() {

@@ -74,7 +74,7 @@ pub(crate) enum WindowEnd {
     /// grace period ran out.
     Learnt,
     /// The backend calls [`Sink::window_close`] (a kernel module's `invalidate_range_end`);
-    /// a window never closed ends after `inflight::STUCK_GRACE`.
+    /// a window never closed ends after `inflight::CLOSED_GRACE`.
     Closed,
 }
 
