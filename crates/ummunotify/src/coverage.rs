@@ -47,6 +47,9 @@ impl Coverage {
         if start >= end {
             return Vec::new();
         }
+        if self.add_isolated(start, end) {
+            return vec![(start, end)];
+        }
         self.split_at(start);
         self.split_at(end);
         let mut gaps = Vec::new();
@@ -81,6 +84,9 @@ impl Coverage {
         if start >= end {
             return Vec::new();
         }
+        if self.remove_from_single(start, end) {
+            return vec![(start, end)];
+        }
         self.split_at(start);
         self.split_at(end);
         let mut freed: Vec<(u64, u64)> = Vec::new();
@@ -114,6 +120,10 @@ impl Coverage {
     pub(crate) fn uncovered(&self, start: u64, end: u64) -> Vec<(u64, u64)> {
         let mut out = Vec::new();
         if start >= end {
+            return out;
+        }
+        if self.untouched(start, end) {
+            out.push((start, end));
             return out;
         }
         let mut pos = start;
@@ -164,6 +174,76 @@ impl Coverage {
     /// Bytes covered (count > 0). O(n).
     pub(crate) fn bytes(&self) -> u64 {
         self.runs.iter().map(|(&s, run)| run.end - s).sum()
+    }
+
+    /// Whether no page of `[start, end)` is covered (one lookup: the last run that starts
+    /// before `end` must end by `start`).
+    fn untouched(&self, start: u64, end: u64) -> bool {
+        self.runs
+            .range(..end)
+            .next_back()
+            .is_none_or(|(_, run)| run.end <= start)
+    }
+
+    /// `add` when no page of `[start, end)` is covered, the case of a new region on memory no
+    /// other region holds: one run of count 1 is inserted, merged with a count-1 run it touches
+    /// on either side. Returns false (nothing done) otherwise. A few lookups instead of the
+    /// general path's split, walk and coalescing (a miss of the cache paid ~10,000 instructions
+    /// in coverage before this: issue 23).
+    fn add_isolated(&mut self, start: u64, end: u64) -> bool {
+        let before = self.runs.range(..end).next_back().map(|(&s, &r)| (s, r));
+        if before.is_some_and(|(_, r)| r.end > start) {
+            return false;
+        }
+        let after = self.runs.range(end..).next().map(|(&s, &r)| (s, r));
+        let (mut s, mut e) = (start, end);
+        if let Some((ps, p)) = before {
+            if p.end == start && p.count == 1 {
+                s = ps;
+                self.runs.remove(&ps);
+            }
+        }
+        if let Some((ns, n)) = after {
+            if ns == end && n.count == 1 {
+                e = n.end;
+                self.runs.remove(&ns);
+            }
+        }
+        self.runs.insert(s, Segment { end: e, count: 1 });
+        true
+    }
+
+    /// `remove` when `[start, end)` lies in one run of count 1 (the pages of one region no other
+    /// region shares): the run loses those pages. Its neighbours never have count 1 (runs are
+    /// maximal), so nothing needs merging. Returns false (nothing done) otherwise.
+    fn remove_from_single(&mut self, start: u64, end: u64) -> bool {
+        let Some((s, run)) = self.runs.range(..=start).next_back().map(|(&s, &r)| (s, r)) else {
+            return false;
+        };
+        if run.count != 1 || run.end < end {
+            return false;
+        }
+        if s < start {
+            self.runs.insert(
+                s,
+                Segment {
+                    end: start,
+                    count: 1,
+                },
+            );
+        } else {
+            self.runs.remove(&s);
+        }
+        if end < run.end {
+            self.runs.insert(
+                end,
+                Segment {
+                    end: run.end,
+                    count: 1,
+                },
+            );
+        }
+        true
     }
 
     /// Splits the run containing `at` strictly inside it into `[s, at)` and `[at, e)`.

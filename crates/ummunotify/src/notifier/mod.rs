@@ -158,6 +158,7 @@ impl Notifier {
             events_read: StdAtomicU64::new(0),
             fail_next: AtomicBool::new(false),
             message_hit: AtomicBool::new(false),
+            in_flight: AtomicUsize::new(0),
             counted_ahead: AtomicBool::new(false),
             holes: AtomicUsize::new(0),
             readied_by_message: AtomicBool::new(false),

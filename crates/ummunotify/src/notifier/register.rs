@@ -125,7 +125,7 @@ impl Notifier {
             // Unless already watched, watch the whole page range, even parts already covered: a
             // watch lost with an unmap may have been replaced by a new mapping since (watching is
             // idempotent).
-            if let Err(e) = sh.watch(&span) {
+            if let Err(e) = sh.watch_then_check(&span) {
                 self.remove_slot(&mut reg, id, &span);
                 return Err(e);
             }

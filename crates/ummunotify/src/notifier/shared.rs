@@ -28,6 +28,9 @@ pub(crate) struct Shared {
     /// The message being applied hit at least one region (monitor only; see
     /// `generation::count_notification`).
     pub(super) message_hit: AtomicBool,
+    /// `REMOVE`s in flight as of the last unlock of the index lock: 0 lets a registration skip
+    /// taking that lock (and blocking signals) just to find nothing to wait for.
+    pub(super) in_flight: AtomicUsize,
     /// `begin` counted the message being applied in the 2010 count ahead (monitor only).
     pub(super) counted_ahead: AtomicBool,
     /// `Registry::holes`, readable without the lock: [`Notifier::mapped`] returns at once while
@@ -84,6 +87,7 @@ impl Shared {
             st: self.index.lock().unwrap_or_else(|p| p.into_inner()),
             slots: &self.slots,
             queue: &self.queue,
+            in_flight: &self.in_flight,
         }
     }
 
@@ -240,6 +244,9 @@ impl Shared {
     /// wait is bounded by the table's grace periods; a registration still overlapping one then
     /// is born invalid with an event (see `register`).
     pub(super) fn wait_inflight(&self, reg: &mut Registry, span: &Span) {
+        if self.in_flight.load(Acquire) == 0 {
+            return; // (a REMOVE read since is looked at again when the region is inserted)
+        }
         let (s, e) = (span.watch_start, span.watch_end);
         self.wait_inflight_until(reg, |l, _, h| !l.st.inflight.overlaps_upto(s, e, h), (s, e));
     }
@@ -390,13 +397,23 @@ impl Shared {
         }
     }
 
-    /// Watches the page range of `span`, mapping kernel refusals to typed errors.
+    /// Watches the page range of `span`, mapping kernel refusals to typed errors; a range not
+    /// mapped now is [`Error::Unmapped`] before anything is watched.
     pub(super) fn watch(&self, span: &Span) -> Result<()> {
         let (s, e) = (span.watch_start, span.watch_end);
-        let unmapped = || !matches!(sys::is_mapped(s as usize, e as usize), Ok(true));
-        if unmapped() {
+        if !matches!(sys::is_mapped(s as usize, e as usize), Ok(true)) {
             return Err(Error::Unmapped);
         }
+        self.watch_then_check(span)
+    }
+
+    /// [`watch`](Self::watch) without the look before it, for a caller that checks the range
+    /// is mapped *after* the watch (a racing unmap must be caught there anyway) and rolls the
+    /// watch back when it is not: a registration. The look before cost every cache miss an
+    /// `msync`, a tenth of the kernel calls a miss can not skip (issue 23).
+    pub(super) fn watch_then_check(&self, span: &Span) -> Result<()> {
+        let (s, e) = (span.watch_start, span.watch_end);
+        let unmapped = || !matches!(sys::is_mapped(s as usize, e as usize), Ok(true));
         self.watcher
             .watch(s, e)
             .map_err(|err| if unmapped() { Error::Unmapped } else { err })

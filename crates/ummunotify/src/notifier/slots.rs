@@ -120,6 +120,16 @@ pub(super) struct Locked<'a> {
     pub(super) st: MutexGuard<'a, IndexState>,
     pub(super) slots: &'a SegVec<Slot>,
     pub(super) queue: &'a QueueBits,
+    /// How many `REMOVE`s are in flight, published at every unlock (`Shared::in_flight`).
+    pub(super) in_flight: &'a AtomicUsize,
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        // Before the guard goes: a reader that finds 0 skips only a wait, never a check (the
+        // insertion looks at the table under the lock again).
+        self.in_flight.store(self.st.inflight.len(), Release);
+    }
 }
 
 /// Tree view over slots' nodes.
