@@ -564,6 +564,19 @@ pub(crate) fn probe() -> BackendReport {
     if let Ok(v) = std::fs::read_to_string("/proc/sys/vm/unprivileged_userfaultfd") {
         notes.push(format!("vm.unprivileged_userfaultfd = {}", v.trim()));
     }
+    notes.push(match std::env::var("UMN_SIGNAL").ok().as_deref() {
+        Some("0") => "REMOVE windows: no signal (UMN_SIGNAL=0): a registration racing a \
+                      madvise waits until a later look or 200 ms"
+            .to_owned(),
+        v => format!(
+            "REMOVE windows: signal {} to the threads that may be in a racing madvise, only while \
+             a registration waits for one (installed if unused, without SA_ONSTACK; added to \
+             the sa_mask of the process's SA_ONSTACK handlers; README \"One signal\"; \
+             UMN_SIGNAL=0 turns it off)",
+            v.and_then(|s| s.parse::<i32>().ok())
+                .unwrap_or(libc::SIGRTMAX() - crate::inflight::SIGNAL_OFFSET)
+        ),
+    });
     let max = crate::sys::vma::max_map_count();
     let vmas = crate::sys::vma::count().map_or("?".to_owned(), |n| n.to_string());
     notes.push(format!(
