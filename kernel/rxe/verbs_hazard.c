@@ -156,6 +156,19 @@ static char *map_populated(void *at, size_t len)
 	return p;
 }
 
+/* One read of all of /proc/self/maps (what a miss on Linux < 6.11 does where PROCMAP_QUERY is
+ * missing): a reference point for the misses, in the same round. */
+static void read_maps(void)
+{
+	static char text[1 << 16];
+	int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		die("open /proc/self/maps");
+	while (read(fd, text, sizeof text) > 0)
+		;
+	close(fd);
+}
+
 static ummunotify_cache *verbs_cache(struct ibv_pd *pd, ummunotify_registrar *reg, size_t max)
 {
 	ummunotify_cache *cache;
@@ -174,7 +187,9 @@ static ummunotify_cache *verbs_cache(struct ibv_pd *pd, ummunotify_registrar *re
  *         it evicts (max_regions 1, two buffers in turn): the steady state of a busy cache;
  *   in    ibv_reg_mr alone against a miss alone (POOL buffers one after the other, their
  *         deregistration untimed): what ummunotify adds on the way in;
- *   hit   a hit (get + put of a cached region), against the pair's verbs calls. */
+ *   hit   a hit (get + put of a cached region), against the pair's verbs calls;
+ *   maps  one read of all of /proc/self/maps, which a miss makes on kernels without
+ *         PROCMAP_QUERY (Linux < 6.11, this guest's), for reference. */
 static void cost(struct ibv_pd *pd, int batch)
 {
 	static const size_t sizes[] = {4096, 65536, 1 << 20};
@@ -187,8 +202,8 @@ static void cost(struct ibv_pd *pd, int batch)
 		struct ibv_mr *mrs[POOL];
 		for (int i = 0; i < POOL; i++)
 			b[i] = map_populated(NULL, len);
-		uint64_t pair_reg[COST_ROUNDS], pair_miss[COST_ROUNDS], hit[COST_ROUNDS], in_reg[COST_ROUNDS],
-			in_miss[COST_ROUNDS];
+		uint64_t pair_reg[COST_ROUNDS], pair_miss[COST_ROUNDS], hit[COST_ROUNDS],
+			in_reg[COST_ROUNDS], in_miss[COST_ROUNDS], maps[COST_ROUNDS];
 		ummunotify_cache_handle h;
 		for (int r = 0; r < COST_ROUNDS; r++) {
 			uint64_t t0 = __rdtsc();
@@ -229,6 +244,10 @@ static void cost(struct ibv_pd *pd, int batch)
 				ummunotify_cache_put(&h);
 			}
 			in_miss[r] = (__rdtsc() - t0) / POOL;
+			t0 = __rdtsc();
+			for (int i = 0; i < POOL; i++)
+				read_maps();
+			maps[r] = (__rdtsc() - t0) / POOL;
 			/* New memory under every buffer: the pool's regions go, untimed. */
 			for (int i = 0; i < POOL; i++)
 				map_populated(b[i], len);
@@ -241,12 +260,12 @@ static void cost(struct ibv_pd *pd, int batch)
 		printf("RXE-COST verbs backend=%s len=%zu rounds=%d batch=%d "
 		       "ibv_reg_dereg_ticks=%llu miss_ticks=%llu miss_over_reg=%.3f "
 		       "ibv_reg_ticks=%llu miss_in_ticks=%llu miss_in_over_reg=%.3f "
-		       "hit_ticks=%llu hit_over_reg=%.5f\n",
+		       "hit_ticks=%llu hit_over_reg=%.5f maps_read_ticks=%llu\n",
 		       backend, len, COST_ROUNDS, batch, (unsigned long long)cost_median(pair_reg),
 		       (unsigned long long)cost_median(pair_miss), miss_ratio,
 		       (unsigned long long)cost_median(in_reg), (unsigned long long)cost_median(in_miss),
 		       in_ratio, (unsigned long long)cost_median(hit),
-		       hit_ratio);
+		       hit_ratio, (unsigned long long)cost_median(maps));
 		fflush(stdout);
 		for (int i = 0; i < POOL; i++)
 			munmap(b[i], len);
