@@ -7,7 +7,10 @@
  *   RXE-HAZARD lang=<lang> cache=<cache> backend=<backend> kind=<kind> replaces=0|1
  *              result=ran|refused|device-refused|lacks hit_after=0|1
  *              read_stale=<bytes read that were not the new memory's>
- *              write_lost=<bytes written that did not land in the new memory> len=<bytes>
+ *              write_lost=<bytes written that did not land in the new memory>
+ *              write_late=<bytes that landed, but only after the write's completion> len=<bytes>
+ *              [read_pages=<per page: the byte read> memory_pages=<the memory at the write's
+ *              completion>, when any of the three is not 0]
  *
  * A failure of the harness itself (the wire, a setup) exits 1: never a stale byte, which is the
  * verdict's call (verdict.py).
@@ -41,6 +44,18 @@ static inline size_t hazard_count_not(const unsigned char *b, size_t len, int by
 	return n;
 }
 
+/* One character per page of buf: its byte if the whole page holds it, else '?' ('0' for zero). */
+static inline void hazard_pages(const unsigned char *buf, size_t len, char *out, size_t cap)
+{
+	size_t pg = kind_page(), n = 0;
+	for (size_t off = 0; off < len && n + 1 < cap; off += pg, n++) {
+		unsigned char b = buf[off];
+		int whole = hazard_count_not(buf + off, pg < len - off ? pg : len - off, b) == 0;
+		out[n] = !whole ? '?' : b == 0 ? '0' : (char)b;
+	}
+	out[n] = 0;
+}
+
 static inline void hazard_die(const char *kind, const char *what, const char *why)
 {
 	fprintf(stderr, "%s: %s%s%s\n", kind, what, why ? ": " : "", why ? why : "");
@@ -53,7 +68,9 @@ static inline void hazard_case(const char *lang, const char *cache, const char *
 	struct change c;
 	const char *result = "ran", *note = "";
 	int hit = 0, hit_after = 0;
-	size_t read_stale = 0, write_lost = 0;
+	size_t read_stale = 0, write_lost = 0, write_late = 0;
+	/* Per page: what the peer read, and the memory after its write (only shown when stale). */
+	char read_pages[64] = "", mem_pages[64] = "";
 	uint64_t key;
 	int rc = kind_setup(&c, kind);
 	if (rc == KIND_LACKS) {
@@ -86,23 +103,38 @@ static inline void hazard_case(const char *lang, const char *cache, const char *
 	if (ops->read(ops->ctx, c.start, c.len, key, buf))
 		hazard_die(kind, "the read over the wire after the change failed", NULL);
 	read_stale = hazard_count_not(buf, c.len, KIND_NEW);
+	hazard_pages(buf, c.len, read_pages, sizeof read_pages);
 	if (ops->write(ops->ctx, c.start, c.len, key, WIRE_BYTE))
 		hazard_die(kind, "the write over the wire after the change failed", NULL);
-	write_lost = hazard_count_not((const unsigned char *)c.start, c.len, WIRE_BYTE);
+	/* The write's bytes must be in the new memory once its completion is in; a write through
+	 * a stale registration never gets there, so bytes that arrive later than the completion
+	 * (written down as late, for the record) are told apart by waiting 200 ms for them. */
+	size_t at_completion = hazard_count_not((const unsigned char *)c.start, c.len, WIRE_BYTE);
+	hazard_pages((const unsigned char *)c.start, c.len, mem_pages, sizeof mem_pages);
+	write_lost = at_completion;
+	for (int i = 0; write_lost && i < 20; i++) {
+		struct timespec tick = {.tv_nsec = 10000000};
+		nanosleep(&tick, NULL);
+		write_lost = hazard_count_not((const unsigned char *)c.start, c.len, WIRE_BYTE);
+	}
+	write_late = at_completion - write_lost;
 	ops->put(ops->ctx);
 out:;
 	size_t len = c.len;
 	kind_cleanup(&c);
 	ops->end_case(ops->ctx);
+	int odd = read_stale || write_lost || write_late;
 	char clean[512];
 	snprintf(clean, sizeof clean, "%s", note);
 	for (char *p = clean; *p; p++)
 		if (*p == ' ')
 			*p = '_';
 	printf("RXE-HAZARD lang=%s cache=%s backend=%s kind=%s replaces=%d result=%s hit_after=%d "
-	       "read_stale=%zu write_lost=%zu len=%zu%s%s\n",
+	       "read_stale=%zu write_lost=%zu write_late=%zu len=%zu%s%s%s%s%s%s\n",
 	       lang, cache, backend, kind, kind_replaces(kind), result, hit_after, read_stale,
-	       write_lost, len, *clean ? " note=" : "", clean);
+	       write_lost, write_late, len, *clean ? " note=" : "", clean,
+	       odd ? " read_pages=" : "", odd ? read_pages : "", odd ? " memory_pages=" : "",
+	       odd ? mem_pages : "");
 	fflush(stdout);
 }
 

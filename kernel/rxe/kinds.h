@@ -30,6 +30,7 @@
 #include <sys/shm.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 #define KIND_OLD 'A'

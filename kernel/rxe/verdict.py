@@ -220,11 +220,23 @@ def main():
                     problems.append(f"{who}: {result} {f.get('note', '')}")
                     continue
                 if claimed and stale:
-                    problems.append(f"{who}: {stale} stale bytes on the wire for a claimed kind")
+                    problems.append(f"{who}: {stale} stale bytes on the wire for a claimed kind "
+                                    f"(read {f['read_stale']}, write {f['write_lost']}; pages read "
+                                    f"{f.get('read_pages', '-')}, memory at the write's "
+                                    f"completion {f.get('memory_pages', '-')})")
                 silent = k == "untouched-neighbour"
                 if claimed and lang != "fabric" and (f["hit_after"] == "1") != silent:
                     problems.append(f"{who}: the get after the change "
                                     f"{'missed' if silent else 'hit'}")
+
+    late = [f"{' '.join(key)}: {f['write_late']} bytes (pages read {f.get('read_pages', '-')}, "
+            f"memory at completion {f.get('memory_pages', '-')})"
+            for key, f in hazard.items() if int(f.get("write_late", "0"))]
+    if late:
+        print("\nWrites whose bytes reached the new memory only after their completion (not "
+              "stale; recorded):")
+        for line in late:
+            print("  " + line)
 
     for (backend, k), reason in refusals.items():
         for lang in ("rust", "c"):

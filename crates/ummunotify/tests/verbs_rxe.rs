@@ -233,6 +233,8 @@ struct Outcome {
     read_stale: usize,
     /// Bytes the peer wrote that did not land in the new memory.
     write_lost: usize,
+    /// Bytes of the write that landed in the new memory only after its completion.
+    write_late: usize,
     len: usize,
 }
 
@@ -254,7 +256,7 @@ impl fmt::Display for Outcome {
         write!(
             f,
             "RXE-HAZARD lang=rust cache={} backend={} kind={} claimed={claimed} replaces={} \
-             result={result} hit_after={} read_stale={} write_lost={} len={}",
+             result={result} hit_after={} read_stale={} write_lost={} write_late={} len={}",
             self.cache,
             self.backend,
             self.kind,
@@ -262,6 +264,7 @@ impl fmt::Display for Outcome {
             u8::from(self.hit_after),
             self.read_stale,
             self.write_lost,
+            self.write_late,
             self.len
         )?;
         if !note.is_empty() {
@@ -291,6 +294,7 @@ fn case(kind: ChangeKind, served: &mut dyn Served, wire: &mut Wire) -> Outcome {
         hit_after: false,
         read_stale: 0,
         write_lost: 0,
+        write_late: 0,
         len: 0,
     };
     let lacks = |e: &std::io::Error| -> Option<CaseEnd> {
@@ -352,10 +356,24 @@ fn case(kind: ChangeKind, served: &mut dyn Served, wire: &mut Wire) -> Outcome {
     out.read_stale = wire_bytes.iter().filter(|&&b| b != NEW_BYTE).count();
     wire.write(after.addr, range.len(), after.rkey, WIRE_BYTE)
         .unwrap_or_else(|e| panic!("{kind}: RDMA WRITE after the change: {e}"));
-    out.write_lost = read_memory(&range)
-        .iter()
-        .filter(|&&b| b != WIRE_BYTE)
-        .count();
+    // A write through a stale registration never reaches the new memory; bytes that arrive
+    // after the write's completion are told apart (and recorded as late) by waiting 200 ms.
+    let not_written = || {
+        read_memory(&range)
+            .iter()
+            .filter(|&&b| b != WIRE_BYTE)
+            .count()
+    };
+    let at_completion = not_written();
+    out.write_lost = at_completion;
+    for _ in 0..20 {
+        if out.write_lost == 0 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        out.write_lost = not_written();
+    }
+    out.write_late = at_completion - out.write_lost;
     served.put();
     let problems = ch.cleanup();
     assert!(problems.is_empty(), "{kind}: cleanup: {problems:?}");
@@ -420,6 +438,7 @@ fn from_child(kind: ChangeKind, test: &str) -> Outcome {
         hit_after: num("hit_after") == 1,
         read_stale: num("read_stale"),
         write_lost: num("write_lost"),
+        write_late: num("write_late"),
         len: num("len"),
     }
 }
