@@ -156,6 +156,11 @@ enum ummunotify_result
    The cache still has handles that were not put: it was not freed.
    */
   UMMUNOTIFY_ERR_CACHE_BUSY = 4202,
+  /*
+   libibverbs (`libibverbs.so.1`, rdma-core) could not be loaded, or lacks a verbs call;
+   `ummunotify_last_error()` has the loader's message.
+   */
+  UMMUNOTIFY_ERR_VERBS_UNAVAILABLE = 4203,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -164,6 +169,12 @@ typedef enum ummunotify_result ummunotify_result;
 typedef uint32_t ummunotify_result;
 #endif // __STDC_VERSION__ >= 202311L
 #endif // __cplusplus
+
+/*
+ libibverbs' protection domain (`struct ibv_pd` of `<infiniband/verbs.h>`), opaque here: the
+ header only declares it, so it works with or without `<infiniband/verbs.h>` included.
+ */
+typedef struct ibv_pd ibv_pd;
 
 /*
  A registration cache (opaque). Create with `ummunotify_cache_new()`, release with
@@ -808,6 +819,56 @@ ummunotify_result ummunotify_notifier_read_events(const struct ummunotify_notifi
  */
 ummunotify_result ummunotify_notifier_get_stats(const struct ummunotify_notifier *n,
                                                 struct ummunotify_notifier_stats *out);
+
+/*
+ Fills `*out` with a registrar for `ummunotify_cache_new()` that registers each cached range
+ as an RDMA memory region in the protection domain `pd`: `ibv_reg_mr(pd, addr, len, access)`
+ on a miss, `ibv_dereg_mr` once the range left the cache and no handle holds it. `access` is
+ a set of `IBV_ACCESS_*` flags (e.g. `IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ`).
+
+ A handle's key is the `struct ibv_mr *`:
+
+ ```c
+ ummunotify_registrar reg;
+ if (ummunotify_verbs_registrar_new(pd, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ, &reg))
+     return -1;                                           // ummunotify_last_error() says why
+ ummunotify_cache *cache;
+ ummunotify_cache_new(&reg, NULL, &cache);
+ ummunotify_cache_handle h;
+ ummunotify_cache_get(cache, (uintptr_t)buf, len, &h);   // miss: ibv_reg_mr
+ struct ibv_mr *mr = (struct ibv_mr *)(uintptr_t)ummunotify_cache_handle_key(&h);
+ // sge.lkey = mr->lkey; send mr->rkey to the peer; ... post, poll ...
+ ummunotify_cache_put(&h);
+ ummunotify_cache_free(cache);                            // ibv_dereg_mr of what is left
+ ummunotify_verbs_registrar_free(&reg);
+ ```
+
+ libibverbs (`libibverbs.so.1`) is loaded at the first call, never linked: it is the same
+ library the program uses, so `pd` may come from the program's own verbs calls. A failing
+ `ibv_reg_mr` makes `ummunotify_cache_get()` return `UMMUNOTIFY_ERR_REGISTER`, with the call,
+ its arguments and errno in `ummunotify_last_error()`.
+
+ Errors: `UMMUNOTIFY_ERR_NULL_ARGUMENT` (`pd` or `out`), `UMMUNOTIFY_ERR_VERBS_UNAVAILABLE`
+ (libibverbs could not be loaded; `ummunotify_last_error()` has the loader's message).
+
+ # Safety
+ `pd` must be NULL or a live `struct ibv_pd *` that outlives the cache; `out` NULL or
+ writable.
+ */
+ummunotify_result ummunotify_verbs_registrar_new(struct ibv_pd *pd,
+                                                 int access,
+                                                 struct ummunotify_registrar *out);
+
+/*
+ Releases a registrar from `ummunotify_verbs_registrar_new()` (after `ummunotify_cache_free()`
+ of every cache made with it) and clears `*r`. NULL, or a registrar already released, is a
+ no-op. The protection domain stays the caller's.
+
+ # Safety
+ `r` must be NULL or point to a registrar filled by `ummunotify_verbs_registrar_new()` (or
+ cleared by this call), whose caches are all freed.
+ */
+void ummunotify_verbs_registrar_free(struct ummunotify_registrar *r);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -136,11 +136,19 @@ impl Registrar for CRegistrar {
     fn register(&self, range: Range<usize>) -> io::Result<u64> {
         let f = self.0.register_fn.expect("checked in ummunotify_cache_new");
         let mut key = 0u64;
+        crate::verbs::clear_detail();
         // SAFETY: the C callback's contract (see `ummunotify_register_fn`); `key` is a local.
         let rc = unsafe { f(self.0.ctx, range.start, range.len(), &mut key) };
         match rc {
             0 => Ok(key),
-            e => Err(io::Error::from_raw_os_error(e)),
+            e => {
+                let err = io::Error::from_raw_os_error(e);
+                // A ready-made registrar (verbs) says which call failed and how.
+                Err(match crate::verbs::take_detail() {
+                    Some(detail) => io::Error::new(err.kind(), detail),
+                    None => err,
+                })
+            }
         }
     }
 

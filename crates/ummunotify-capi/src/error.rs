@@ -51,6 +51,9 @@ pub enum ummunotify_result {
     UMMUNOTIFY_ERR_UNSTABLE = 4201,
     /// The cache still has handles that were not put: it was not freed.
     UMMUNOTIFY_ERR_CACHE_BUSY = 4202,
+    /// libibverbs (`libibverbs.so.1`, rdma-core) could not be loaded, or lacks a verbs call;
+    /// `ummunotify_last_error()` has the loader's message.
+    UMMUNOTIFY_ERR_VERBS_UNAVAILABLE = 4203,
 }
 
 use ummunotify_result::*;
@@ -118,6 +121,7 @@ fn describe(code: u32) -> &'static CStr {
         4200 => c"the registrar's register callback failed",
         4201 => c"the memory kept changing while it was being registered",
         4202 => c"the cache still has handles that were not put",
+        4203 => c"libibverbs (rdma-core) could not be loaded",
         _ => c"unknown ummunotify_result code",
     }
 }

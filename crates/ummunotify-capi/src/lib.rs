@@ -32,12 +32,14 @@ mod cache;
 mod error;
 mod notifier;
 mod sized;
+mod verbs;
 
 pub use cache::*;
 pub use error::{
     ummunotify_last_error, ummunotify_result, ummunotify_strerror, ummunotify_version,
 };
 pub use notifier::*;
+pub use verbs::*;
 
 /// Major version of the library the header belongs to, at compile time (the SONAME is
 /// `libummunotify.so.<major>`); `ummunotify_version()` gives the one loaded at run time.

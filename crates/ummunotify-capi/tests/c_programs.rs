@@ -139,6 +139,12 @@ fn c_threads() {
     check_program("threads");
 }
 
+/// The verbs registrar's C surface (registering through it needs a device: kernel/rxe/).
+#[test]
+fn c_verbs() {
+    check_program("verbs");
+}
+
 /// The calls the header lists as async-signal-safe, from a signal handler.
 #[test]
 fn c_signals() {

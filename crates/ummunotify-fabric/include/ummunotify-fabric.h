@@ -17,6 +17,8 @@
 #ifndef UMMUNOTIFY_FABRIC_H
 #define UMMUNOTIFY_FABRIC_H
 
+#include <stddef.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -38,6 +40,12 @@ int ummunotify_fabric_import(void);
 /* What the last ummunotify_fabric_import() did, or exactly why it failed (with the libfabric
  * version found). Valid until the next import call; "" before the first. */
 const char *ummunotify_fabric_message(void);
+
+/* The imported monitor's state in one line, snprintf-style into buf (returns the full length):
+ * "imported=1 started=1 backend=uffd subscriptions=2 subscribes=9 subscribe_failures=0
+ * notifies=7 evictions=0" once libfabric started it (its first MR cache), "imported=0" before
+ * an import. */
+size_t ummunotify_fabric_report(char *buf, size_t len);
 
 /* A fixed description of a UMMUNOTIFY_FABRIC_* code. */
 const char *ummunotify_fabric_strerror(int code);

@@ -72,6 +72,43 @@ pub extern "C" fn ummunotify_fabric_message() -> *const c_char {
     }
 }
 
+/// The imported monitor's state in one line (`imported=1 started=1 backend=uffd subscriptions=2
+/// subscribes=9 subscribe_failures=0 notifies=7 evictions=0`, or `imported=0`), copied into
+/// `buf` like `snprintf`; returns the line's full length.
+///
+/// # Safety
+/// `buf` must be NULL or point to `len` writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn ummunotify_fabric_report(buf: *mut c_char, len: usize) -> usize {
+    let line = catch_unwind(|| {
+        let Some(s) = crate::imported_stats() else {
+            return "imported=0".to_owned();
+        };
+        let backend = crate::imported_backend().map_or("-", |b| b.name());
+        format!(
+            "imported=1 started={} backend={backend} subscriptions={} subscribes={} \
+             subscribe_failures={} notifies={} evictions={}",
+            u8::from(s.started),
+            s.subscriptions,
+            s.subscribes,
+            s.subscribe_failures,
+            s.notifies,
+            s.evictions
+        )
+    })
+    .unwrap_or_else(|_| "internal error".to_owned());
+    if !buf.is_null() && len > 0 {
+        let n = line.len().min(len - 1);
+        // SAFETY: (caller) `len` writable bytes at `buf`; `n + 1 <= len`; our own string can not
+        // overlap the caller's buffer.
+        unsafe {
+            std::ptr::copy_nonoverlapping(line.as_ptr(), buf.cast::<u8>(), n);
+            *buf.add(n) = 0;
+        }
+    }
+    line.len()
+}
+
 /// A fixed description of a `UMMUNOTIFY_FABRIC_*` code.
 #[no_mangle]
 pub extern "C" fn ummunotify_fabric_strerror(code: c_int) -> *const c_char {

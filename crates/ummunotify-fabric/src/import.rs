@@ -256,6 +256,15 @@ pub fn imported_stats() -> Option<crate::Stats> {
         .map(|g| crate::monitor::object_stats(g.monitor))
 }
 
+/// The backend of the imported monitor's notifier, once libfabric started the monitor (its
+/// first MR cache) in this process.
+pub fn imported_backend() -> Option<ummunotify::Backend> {
+    let global = GLOBAL.lock().unwrap_or_else(|p| p.into_inner());
+    global
+        .as_ref()
+        .and_then(|g| crate::monitor::object_backend(g.monitor))
+}
+
 /// The imported monitor's `struct fid_mem_monitor *`, if [`import`] succeeded in this process
 /// (libfabric holds the same pointer; its `import_ops` is libfabric's).
 pub fn imported_monitor() -> Option<*mut abi::FidMemMonitor> {

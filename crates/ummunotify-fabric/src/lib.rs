@@ -38,6 +38,7 @@ mod import;
 mod monitor;
 
 pub use import::{
-    import, imported_monitor, imported_stats, version_string, ImportError, Imported, LIBRARY_ENV,
+    import, imported_backend, imported_monitor, imported_stats, version_string, ImportError,
+    Imported, LIBRARY_ENV,
 };
 pub use monitor::{Monitor, Stats, DEFAULT_MAX_SUBSCRIPTIONS, MAX_SUBSCRIPTIONS_ENV};

@@ -869,3 +869,8 @@ fn deliver(obj: &MonitorObject, notifier: &Notifier, stop: OwnedFd, wake: OwnedF
 pub(crate) fn object_stats(obj: &MonitorObject) -> Stats {
     stats_notifier(obj).0
 }
+
+/// The backend of the notifier of a started monitor object.
+pub(crate) fn object_backend(obj: &MonitorObject) -> Option<ummunotify::Backend> {
+    stats_notifier(obj).1.map(|n| n.backend())
+}

@@ -13,6 +13,8 @@
 //!   trait that drives the thing under test, and [`changes::run_case`], which applies one change and
 //!   judges the watcher with both oracles.
 //! * [`cprog`]: building and running the C test programs of the C crates.
+//! * [`rdma`]: the wire. A queue pair to a peer process that RDMA-READs and RDMA-WRITEs this
+//!   process's registered memory (soft-RoCE in the QEMU guest: `kernel/rxe/`).
 //! * [`remove_race`]: the ways to make the kernel send a userfaultfd `REMOVE` (issue 9), buffers
 //!   and the seqlock of the REMOVE-race stress.
 //! * [`require`]: how a missing kernel feature is reported (a loud SKIP, or a failure when
@@ -27,6 +29,7 @@
 pub mod changes;
 pub mod cprog;
 pub mod pagemap;
+pub mod rdma;
 pub mod remove_race;
 pub mod require;
 pub mod uring;

@@ -122,4 +122,4 @@ pub use notifier::{Notifier, ReadEvents, Stats};
 #[cfg(not(loom))]
 pub use region::{Cookie, Region};
 #[cfg(not(loom))]
-pub use registrar::{IoUringRegistrar, MlockRegistrar, NoopRegistrar, Registrar};
+pub use registrar::{IoUringRegistrar, MlockRegistrar, NoopRegistrar, Registrar, VerbsRegistrar};

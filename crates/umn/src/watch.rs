@@ -71,15 +71,9 @@ impl Watcher for NotifierWatcher<'_> {
     }
 }
 
-/// Whether `backend` is expected to see `kind` (the `expected` column of `umn coverage`).
+/// Whether `backend` is expected to see `kind` (the `expected` column of `umn coverage`): the
+/// catalogue's [`ChangeKind::expected_on`], userfaultfd's set for `auto`.
 pub fn expects(backend: Backend, kind: ChangeKind) -> bool {
-    match backend {
-        Backend::Hooks => kind.hooks_report(),
-        Backend::Hybrid => kind.hybrid_reports(),
-        Backend::Ebpf => kind.ebpf_reports(),
-        // The module's MMU notifiers see every kind in the catalogue.
-        Backend::Kernel => true,
-        Backend::Perf => kind.perf_reports(),
-        _ => kind.userfaultfd_reports(),
-    }
+    kind.expected_on(backend.name())
+        .unwrap_or_else(|| kind.userfaultfd_reports())
 }

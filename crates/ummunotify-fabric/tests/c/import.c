@@ -1,7 +1,8 @@
 /* ummunotify_fabric_import() and the LD_PRELOAD constructor against the real libfabric.
  *
- *   import call      calls ummunotify_fabric_import(): must succeed, twice; libfabric then
- *                    refuses a second monitor (-FI_EBUSY) and fi_getinfo still works
+ *   import call      calls ummunotify_fabric_import(): must succeed, twice (the report says
+ *                    imported, not started); libfabric then refuses a second monitor
+ *                    (-FI_EBUSY) and fi_getinfo still works
  *   import preload   calls nothing: the preload must have imported (a second monitor is refused)
  *   import first     imports another monitor first (as Open MPI's patcher would): the call must
  *                    report UMMUNOTIFY_FABRIC_BUSY with a message naming -FI_EBUSY
@@ -51,6 +52,9 @@ int main(int argc, char **argv)
 	const char *mode = argc > 1 ? argv[1] : "call";
 	printf("libfabric %u.%u\n", FI_MAJOR(fi_version()), FI_MINOR(fi_version()));
 	if (!strcmp(mode, "call")) {
+		char report[256];
+		CHECK(ummunotify_fabric_report(report, sizeof report) == strlen("imported=0"));
+		CHECK(!strcmp(report, "imported=0"));
 		int rc = ummunotify_fabric_import();
 		printf("import: %d %s: %s\n", rc, ummunotify_fabric_strerror(rc),
 		       ummunotify_fabric_message());
@@ -58,6 +62,11 @@ int main(int argc, char **argv)
 		rc = ummunotify_fabric_import();
 		printf("again: %d: %s\n", rc, ummunotify_fabric_message());
 		CHECK(rc == UMMUNOTIFY_FABRIC_OK && strstr(ummunotify_fabric_message(), "already"));
+		/* Imported, not started: libfabric starts the monitor with its first MR cache. */
+		size_t n = ummunotify_fabric_report(report, sizeof report);
+		printf("report: %s\n", report);
+		CHECK(n == strlen(report) && !strncmp(report, "imported=1 started=0 backend=- ", 31));
+		CHECK(ummunotify_fabric_report(NULL, 0) == n);
 		CHECK(import_other() == -FI_EBUSY);
 		struct fi_info *info = NULL;
 		rc = fi_getinfo(FI_VERSION(1, 13), NULL, NULL, 0, NULL, &info);

@@ -2,7 +2,9 @@
  * story with fi_mr_reg and ummunotify as libfabric's monitor.
  *
  *   register x; deregister (libfabric keeps it cached); register x again -> a cache hit
- *   munmap(x); mmap at the same address (y == x); register -> must be a new registration
+ *   munmap(x) with that registration still open; mmap at the same address (y == x);
+ *   register -> must be a new registration (the old one is still registered, so the device
+ *   can not give its key to the new one: a different key is exact)
  *
  * Exits 0 on success, 77 when no caching provider can be opened, 1 on failure.
  * FI_PROVIDER picks the provider (default: the first RDM one fi_getinfo returns).
@@ -30,6 +32,7 @@ int main(void)
 	int rc = ummunotify_fabric_import();
 	printf("import: %s\n", ummunotify_fabric_message());
 	CHECK(rc == UMMUNOTIFY_FABRIC_OK);
+	char report[256];
 
 	struct fi_info *hints = fi_allocinfo(), *info = NULL;
 	hints->caps = FI_MSG | FI_RMA;
@@ -57,7 +60,6 @@ int main(void)
 	fi_close(&mr1->fid);
 	CHECK(reg(domain, x, len, &mr2) == 0);
 	uint64_t k2 = fi_mr_key(mr2);
-	fi_close(&mr2->fid);
 	if (k1 != k2) {
 		printf("provider %s does not cache registrations (keys %#llx, %#llx)\n",
 		       info->fabric_attr->prov_name, (unsigned long long)k1, (unsigned long long)k2);
@@ -71,7 +73,11 @@ int main(void)
 	uint64_t k3 = fi_mr_key(mr3);
 	printf("keys: x %#llx, x again %#llx (cache hit), y == x %#llx\n", (unsigned long long)k1,
 	       (unsigned long long)k2, (unsigned long long)k3);
+	ummunotify_fabric_report(report, sizeof report);
+	printf("monitor: %s\n", report);
+	CHECK(strstr(report, "started=1") != NULL); /* libfabric's cache runs on ummunotify */
 	CHECK(k3 != k1);
+	fi_close(&mr2->fid);
 	fi_close(&mr3->fid);
 	fi_close(&domain->fid);
 	fi_close(&fabric->fid);

@@ -28,6 +28,10 @@ pub use run::{run_case, TRIES};
 pub use watcher::{NaiveWatcher, WatchError, Watcher};
 
 use std::fmt;
+use std::io;
+use std::ops::Range;
+
+use scenario::Scenario;
 
 /// `MADV_DONTNEED_LOCKED` (Linux 5.18): like `MADV_DONTNEED`, also for `mlock`ed pages.
 pub const MADV_DONTNEED_LOCKED: libc::c_int = 24;
@@ -246,6 +250,21 @@ impl ChangeKind {
         self.ebpf_reports()
     }
 
+    /// Whether the backend named `backend` (`umn`'s and `UMN_BACKEND`'s names: `uffd`, `hooks`,
+    /// `hybrid`, `ebpf`, `kernel`, `perf`) is expected to see this kind; `None` for a name this
+    /// catalogue does not know. The module's MMU notifiers (`kernel`) see every kind.
+    pub fn expected_on(self, backend: &str) -> Option<bool> {
+        Some(match backend {
+            "uffd" => self.userfaultfd_reports(),
+            "hooks" => self.hooks_report(),
+            "hybrid" => self.hybrid_reports(),
+            "ebpf" => self.ebpf_reports(),
+            "perf" => self.perf_reports(),
+            "kernel" => true,
+            _ => return None,
+        })
+    }
+
     /// Whether the case pins its range with an io_uring fixed buffer (the device oracle).
     /// False for [`ChangeKind::MadvCollapse`]: the kernel does not collapse pinned pages.
     pub const fn pins(self) -> bool {
@@ -256,5 +275,76 @@ impl ChangeKind {
 impl fmt::Display for ChangeKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
+    }
+}
+
+/// Content of the memory before a [`Change`].
+pub const OLD_BYTE: u8 = scenario::OLD_BYTE;
+/// Content of the new memory a [`Change`] puts at the old address (x == y).
+pub const NEW_BYTE: u8 = scenario::NEW_BYTE;
+
+/// One change of the catalogue, step by step, for tests that bring their own device instead of
+/// [`run_case`]'s io_uring pin (an RDMA memory registration served by a cache, say).
+///
+/// [`setup`](Self::setup) maps the kind's memory and fills it with [`OLD_BYTE`]; the test
+/// registers [`range`](Self::range) its own way; [`apply`](Self::apply) makes exactly one
+/// change of the kind; [`refill`](Self::refill) puts new memory at the old address (x == y)
+/// and fills the range with [`NEW_BYTE`]. Dropping it releases what is left.
+#[derive(Debug)]
+pub struct Change {
+    sc: Scenario,
+}
+
+impl Change {
+    /// Sets up `kind`'s memory, filled with [`OLD_BYTE`].
+    ///
+    /// # Errors
+    /// A [`crate::require::MissingFeature`] where the kernel lacks what the kind needs;
+    /// `InvalidInput` for a kind that needs a process of its own
+    /// ([`ChangeKind::needs_own_process`]) unless [`OWN_PROCESS_ENV`] declares one; the OS
+    /// error of a step.
+    pub fn setup(kind: ChangeKind) -> io::Result<Change> {
+        if kind.needs_own_process() && !child::in_own_process() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{kind} moves the program break: only in a process of its own ({OWN_PROCESS_ENV}=1)"),
+            ));
+        }
+        Ok(Change {
+            sc: Scenario::setup(kind)?,
+        })
+    }
+
+    /// The range to register (and to read back over the wire).
+    pub fn range(&self) -> Range<usize> {
+        self.sc.range.clone()
+    }
+
+    /// The part of [`range`](Self::range) the change replaces (`None` for the control case,
+    /// which changes only a neighbour).
+    pub fn changed(&self) -> Option<Range<usize>> {
+        self.sc.expected.clone()
+    }
+
+    /// Makes the change: exactly one call of the kind.
+    ///
+    /// # Errors
+    /// A [`crate::require::MissingFeature`] where the kernel refuses the call as unknown
+    /// (`process_madvise(MADV_DONTNEED)` on Linux 6.1, say); the call's OS error.
+    pub fn apply(&mut self) -> io::Result<()> {
+        self.sc.apply()
+    }
+
+    /// New memory at the old address, and the whole range filled with [`NEW_BYTE`].
+    ///
+    /// # Errors
+    /// When the old address can not be mapped again (taken by another mapping).
+    pub fn refill(&mut self) -> io::Result<()> {
+        self.sc.refill()
+    }
+
+    /// Releases the memory; returns problems (a program break it could not restore).
+    pub fn cleanup(mut self) -> Vec<String> {
+        self.sc.cleanup()
     }
 }

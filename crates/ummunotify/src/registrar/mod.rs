@@ -8,13 +8,17 @@
 //!
 //! * [`IoUringRegistrar`] — a sparse io_uring fixed-buffer table; each cached region gets a slot,
 //!   pinned by the kernel like an RDMA memory region, usable with `READ_FIXED` / `WRITE_FIXED`.
+//! * [`VerbsRegistrar`] — RDMA memory regions (`ibv_reg_mr`/`ibv_dereg_mr`) on your protection
+//!   domain or one of its own; libibverbs is loaded at run time, so nothing needs rdma-core to
+//!   build or run without it. The key is a [`MemoryRegion`] with the lkey and rkey.
 //! * [`MlockRegistrar`] — `mlock`/`munlock`.
 //! * [`NoopRegistrar`] — registers nothing, to measure the cache itself.
 //!
-//! # Plugging in your own (ibv_reg_mr, cudaHostRegister, ...)
+//! # Plugging in your own (cudaHostRegister, a verbs binding of your own, ...)
 //!
 //! Implement [`Registrar`]. The key is whatever your device needs to use the memory later; the
-//! cache hands it out through [`Handle::key`](crate::cache::Handle::key).
+//! cache hands it out through [`Handle::key`](crate::cache::Handle::key). The sketch below is the
+//! shape of [`VerbsRegistrar`] over a binding crate of your own:
 //!
 //! ```no_run
 //! use std::io;
@@ -70,16 +74,21 @@
 
 mod io_uring;
 mod mlock;
+mod verbs;
 
 use std::io;
 use std::ops::Range;
 
 pub use io_uring::{FixedBuf, IoUringRegistrar};
 pub use mlock::MlockRegistrar;
+pub use verbs::{
+    devices as verbs_devices, Access, MemoryRegion, VerbsError, VerbsRegistrar, IBVERBS_LIBRARY,
+};
 
 /// Registers memory ranges with a device, for a [`Cache`](crate::cache::Cache).
 ///
-/// See the [module documentation](self) for the contract and an `ibv_reg_mr` example.
+/// See the [module documentation](self) for the contract, and [`VerbsRegistrar`] for
+/// `ibv_reg_mr`.
 pub trait Registrar: Send + Sync {
     /// What the device needs to use a registered range (an MR's lkey/rkey, a fixed-buffer slot).
     type Key: Send + Sync;

@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# The soft-RoCE guest (issue 21): the x == y hazard carried to the wire by a real RDMA stack.
+# Builds the guest programs, packs an initramfs with rdma-core, libfabric and UCX, boots the
+# project's guest kernel (kernel/build-kernel.sh: the same kernel as kernel/ci.sh, cached) under
+# QEMU TCG with a virtio NIC, and judges the serial log with verdict.py: fails on any stale byte
+# ummunotify let through for a kind its backend claims, on any missing result, and on a guest
+# with fewer than 2 CPUs.
+#
+#   bash kernel/rxe/run.sh            # as root; .ci/run runs it as a step
+#
+# Knobs: UMN_RXE_PHASES (default all: rust,c,fabric,ucx,cost), UMN_RXE_BACKENDS (default
+# uffd,hooks,hybrid,kernel), UMN_RXE_TIMEOUT (default 1500 s), UMN_RXE_COST_BATCH (calls per
+# round of the cost measurement, default 100).
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$repo"
+out="$repo/target/rxe-guest"
+mkdir -p "$out"
+say() { printf 'kernel/rxe/run.sh: %s\n' "$*" >&2; }
+t0=$(date +%s)
+lap() { say "$1 after $(( $(date +%s) - t0 )) s"; }
+
+# 1. Packages: the kernel build and QEMU (as kernel/ci.sh), and the RDMA userland the guest runs.
+need=()
+for pkg in linux-source-6.1 qemu-system-x86 bc flex bison libelf-dev libssl-dev cpio xz-utils \
+    busybox-static gcc make python3 iproute2 libibverbs-dev ibverbs-providers libfabric-dev \
+    libucx-dev; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || need+=("$pkg")
+done
+if [ ${#need[@]} -gt 0 ]; then
+    say "installing ${need[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -qq --no-install-recommends "${need[@]}" ||
+        { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${need[@]}"; }
+fi
+
+# 2. The kernel (cached; the one kernel/ci.sh boots) and the module built against it.
+kdir=$(bash "$repo/kernel/build-kernel.sh" | tail -n 1)
+rm -rf "$out/module"
+cp -r "$repo/kernel/module" "$out/module"
+make -s -C "$kdir" M="$out/module" modules >&2
+lap "kernel and module"
+
+# 3. The Rust test binaries and the libraries (release), the C programs.
+cargo build -q --release -p ummunotify-capi -p ummunotify-fabric
+rel="$repo/target/release"
+cargo test -q --release -p ummunotify --test verbs_rxe -p ummunotify-fabric --test mr_reg \
+    --no-run --message-format=json | python3 -c 'import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("executable") and m.get("target", {}).get("name") in ("verbs_rxe", "mr_reg"):
+        print(m["target"]["name"], m["executable"])' >"$out/test-binaries.txt"
+for t in verbs_rxe mr_reg; do
+    bin=$(sed -n "s/^$t //p" "$out/test-binaries.txt")
+    [ -x "$bin" ] || { say "no $t test binary"; exit 1; }
+    cp "$bin" "$out/$t"
+done
+cflags=(-std=gnu11 -Wall -Wextra -Werror -O2 -g -pthread -I kernel/rxe -I include
+    -I crates/ummunotify-fabric/include)
+libs=(-L "$rel" -Wl,-rpath,/lib)
+gcc "${cflags[@]}" kernel/rxe/rxe_peer.c -o "$out/rxe_peer" -libverbs
+gcc "${cflags[@]}" kernel/rxe/verbs_hazard.c -o "$out/verbs_hazard" "${libs[@]}" -lummunotify \
+    -libverbs
+gcc "${cflags[@]}" kernel/rxe/fabric_hazard.c -o "$out/fabric_hazard" "${libs[@]}" -lummunotify \
+    -l:libummunotify_fabric.so -lfabric -libverbs
+gcc "${cflags[@]}" kernel/rxe/ucx_hazard.c -o "$out/ucx_hazard" -lucp -lucs
+gcc "${cflags[@]}" crates/ummunotify-fabric/tests/c/mr_reg.c -o "$out/fabric-mr-reg" \
+    "${libs[@]}" -l:libummunotify_fabric.so -lfabric
+lap "programs"
+
+# 4. The initramfs: only what this guest runs (no MPI: issue 22's guests bring their own).
+cp "$repo/kernel/rxe/init" "$out/init"
+chmod 755 "$out/init"
+python3 kernel/rxe/pack.py "$out/initrd.gz" "$out/initramfs" \
+    "$out/init=/init" "$out/module/ummunotify.ko=/lib/ummunotify.ko" \
+    "$rel/libummunotify.so=/lib/libummunotify.so.0" \
+    "$rel/libummunotify_fabric.so=/lib/libummunotify_fabric.so" \
+    "$out/verbs_rxe" "$out/mr_reg" "$out/rxe_peer" "$out/verbs_hazard" "$out/fabric_hazard" \
+    "$out/ucx_hazard" "$out/fabric-mr-reg"
+lap "initramfs ($(du -h "$out/initrd.gz" | cut -f1))"
+
+# 5. Boot: two sockets of one CPU each (plain -smp 2 gives this kernel one CPU), the virtio NIC
+# rxe0 runs on. The kinds Linux 6.1 can not make come from kernel/compare.py (one list).
+lacks=$(python3 -B -c 'import importlib.util as u, sys
+s = u.spec_from_file_location("compare", sys.argv[1]); m = u.module_from_spec(s); s.loader.exec_module(m)
+print(",".join(sorted(m.GUEST_LACKS)))' "$repo/kernel/compare.py")
+# Claimed kinds a backend refuses on 6.1 with a typed error (kernel/rxe/known-refusals.txt).
+refusals=$(grep -v '^#' kernel/rxe/known-refusals.txt | awk 'NF {print $1 ":" $2}' | paste -sd, -)
+log="$out/guest.log"
+timeout_s=${UMN_RXE_TIMEOUT:-1500}
+say "booting (timeout ${timeout_s}s, log $log)"
+boot0=$(date +%s)
+set +e
+timeout -k 10 "$timeout_s" qemu-system-x86_64 -accel tcg -smp 2,sockets=2,cores=1,threads=1 \
+    -m 2048 -nographic -no-reboot -kernel "$kdir/arch/x86/boot/bzImage" -initrd "$out/initrd.gz" \
+    -netdev user,id=n0 -device virtio-net-pci,netdev=n0 \
+    -append "console=ttyS0 rdinit=/init panic=-1 quiet rxe.phases=${UMN_RXE_PHASES:-all} rxe.lacks=$lacks rxe.batch=${UMN_RXE_COST_BATCH:-100} rxe.backends=${UMN_RXE_BACKENDS:-uffd,hooks,hybrid,kernel} rxe.refusals=$refusals" \
+    </dev/null >"$log" 2>&1
+rc=$?
+set -e
+tr -d '\r' <"$log" >"$log.txt"
+say "guest wall time $(( $(date +%s) - boot0 )) s (qemu exit $rc)"
+if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+    say "FAIL: the guest did not finish within ${timeout_s}s"
+    tail -n 60 "$log.txt" >&2
+    exit 1
+fi
+lap "guest"
+
+# 6. The verdict.
+python3 "$repo/kernel/rxe/verdict.py" "$log.txt" "${UMN_RXE_PHASES:-all}" \
+    "${UMN_RXE_BACKENDS:-uffd,hooks,hybrid,kernel}"
