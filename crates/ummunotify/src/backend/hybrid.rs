@@ -16,9 +16,10 @@
 //! hooks backend; its regions' coverage counts as lost (the watch was removed), so re-arming
 //! watches their pages again. Anything else: the busy protocol of the userfaultfd backend.
 //!
-//! # Pages another userfaultfd owns
+//! # Pages another userfaultfd owns, or it can not watch
 //! Where the kernel refuses the watch (`EBUSY`: libfabric's or PSM3's own monitor owns the
-//! range), the hooks alone watch it and the registration succeeds; such watches are counted
+//! range; `EINVAL`: a mapping this kernel's userfaultfd can not register, a SysV segment on
+//! Linux 6.1), the hooks alone watch it and the registration succeeds; such watches are counted
 //! (`Stats::hooks_only_watches`). Raw syscalls on them are not seen.
 //!
 //! # With non-hybrid notifiers
@@ -53,7 +54,10 @@ impl Watcher for HybridWatcher {
         // The filter first: from here on a hooked call on these pages goes through the hooks.
         self.hooks.watch(start, end);
         match self.uffd.watch(start, end) {
-            Err(crate::Error::RangeBusy) => {
+            // Another library's context owns the pages (EBUSY), or this kernel's userfaultfd
+            // can not watch the mapping (EINVAL: a SysV segment on Linux 6.1): the hooks alone.
+            // (A range that is not mapped fails the caller's check after the watch instead.)
+            Err(crate::Error::RangeBusy | crate::Error::UnsupportedMapping(_)) => {
                 self.hooks_only.fetch_add(1, Relaxed);
                 Ok(())
             }
