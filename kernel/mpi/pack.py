@@ -2,7 +2,7 @@
 """The two-node MPI guests' initramfs (one image, both nodes): busybox, the files of Debian's
 rdma-core, libfabric and Open MPI packages (plug-in directories, help texts and configuration
 included, which an ldd closure alone would miss), the ldd closure of every ELF among them, at
-the host's paths (merged /usr), the test's programs, and the project's Debian package installed
+the host's paths (merged /usr), Debian's MPICH with UMN_MPI_MPICH=1, the test's programs, and the project's Debian package installed
 with `dpkg --root` (the job then finds ummunotify at the package's paths only).
 
 Usage: pack.py OUT.gz ROOT DEB PROGRAM... (each PROGRAM is SRC or SRC=DEST, DEST defaulting to
@@ -13,7 +13,10 @@ import subprocess
 import sys
 
 PKGS = ("libibverbs1 ibverbs-providers ibverbs-utils librdmacm1 rdmacm-utils libfabric1 "
-        "openmpi-bin libopenmpi3 openmpi-common libpmix2").split()
+        "openmpi-bin libopenmpi3 openmpi-common libpmix2 libucx0").split()
+# Debian's MPICH (ch4:ucx) too, when the host has it: UMN_MPI_MPICH=1 (kernel/mpi/run.sh).
+if os.environ.get("UMN_MPI_MPICH") == "1":
+    PKGS += ["mpich", "libmpich12"]
 SKIP = ("/usr/share/doc", "/usr/share/man", "/usr/share/locale", "/usr/share/lintian",
         "/usr/share/info", "/usr/share/bug", "/usr/include", "/usr/lib/x86_64-linux-gnu/pkgconfig",
         "/usr/share/bash-completion", "/usr/lib/systemd", "/lib/systemd", "/usr/share/zsh")

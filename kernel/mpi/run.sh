@@ -12,7 +12,7 @@
 #   UMN_MPI_SHORT=1 bash kernel/mpi/run.sh    # CI's variant
 #
 # Knobs: UMN_MPI_JOBS (comma list: hazard-ummunotify, hazard-memhooks, sweep-memhooks[N],
-# sweep-ummunotify[N]), UMN_MPI_ROUNDS (rounds per way, default 4), UMN_MPI_SIZE (bytes per
+# sweep-ummunotify[N], mpich-ucx-hazard), UMN_MPI_ROUNDS (rounds per way, default 4), UMN_MPI_SIZE (bytes per
 # message of the hazard job, default 1 MiB: above rxm's eager and SAR sizes, so it goes by
 # rendezvous through the MR cache), UMN_MPI_SECONDS (per size of the sweep, default 3),
 # UMN_MPI_TIMEOUT (default 1800 s), UMN_MPI_PORT (the link's TCP port, default a free one).
@@ -28,7 +28,9 @@ if [ -n "${UMN_MPI_SHORT:-}" ]; then
     jobs_default=hazard-ummunotify,hazard-memhooks,sweep-memhooks,sweep-ummunotify
     rounds_default=3 seconds_default=0.5
 else
-    jobs_default=hazard-ummunotify,hazard-memhooks,sweep-memhooks,sweep-ummunotify,sweep-memhooks2,sweep-ummunotify2
+    # Two sweep pairs in the order A B B A (a drift of the host's load over the run shows as
+    # ratios on both sides of 1), and Debian's MPICH (ch4:ucx) on UCX's own hooks.
+    jobs_default=hazard-ummunotify,hazard-memhooks,sweep-memhooks,sweep-ummunotify,sweep-ummunotify2,sweep-memhooks2,mpich-ucx-hazard
     rounds_default=4 seconds_default=3
 fi
 jobs=${UMN_MPI_JOBS:-$jobs_default}
@@ -41,7 +43,8 @@ timeout_s=${UMN_MPI_TIMEOUT:-1800}
 need=()
 for pkg in linux-source-6.1 qemu-system-x86 bc flex bison libelf-dev libssl-dev cpio xz-utils \
     busybox-static gcc make python3 iproute2 libibverbs-dev ibverbs-providers ibverbs-utils \
-    rdmacm-utils libfabric-dev openmpi-bin libopenmpi-dev dpkg-dev pkg-config; do
+    rdmacm-utils libfabric-dev openmpi-bin libopenmpi-dev dpkg-dev pkg-config \
+    $(case ",$jobs," in *,mpich-*) echo mpich libmpich-dev ;; esac); do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then
@@ -62,13 +65,22 @@ bash packaging/deb/check.sh "$deb"
 gcc -std=gnu11 -Wall -Wextra -Werror -O2 kernel/mpi/rsh.c -o "$out/umn-rsh"
 mpicc.openmpi -std=gnu11 -Wall -Wextra -Werror -O2 -g kernel/mpi/mpi_reuse.c -o "$out/mpi_reuse" \
     -ldl
+programs=("$out/umn-rsh" "$out/mpi_reuse")
+case ",$jobs," in
+*,mpich-*)
+    mpicc.mpich -std=gnu11 -Wall -Wextra -Werror -O2 -g kernel/mpi/mpi_reuse.c \
+        -o "$out/mpi_reuse.mpich" -ldl
+    programs+=("$out/mpi_reuse.mpich")
+    export UMN_MPI_MPICH=1
+    ;;
+esac
 lap "package and programs"
 
 # 4. One initramfs for both nodes: the package installed with dpkg, Open MPI, rdma-core.
 cp kernel/mpi/init "$out/init"
 chmod 755 "$out/init"
 python3 kernel/mpi/pack.py "$out/initrd.gz" "$out/initramfs" "$deb" "$out/init=/init" \
-    "$out/umn-rsh" "$out/mpi_reuse"
+    "${programs[@]}"
 lap "initramfs ($(du -h "$out/initrd.gz" | cut -f1))"
 
 # 5. Boot node1 (listening end of the link), then node0 (connecting end). Two sockets of one

@@ -9,7 +9,8 @@ did not print its MPI-RANK ... done line from its own node; when a result line i
 the hazard job with ummunotify as libfabric's monitor saw a wrong byte, replaced memory at
 another address, or ran without the monitor started in both ranks; when the control (memhooks,
 raw syscalls) saw no wrong byte (then the job did not exercise the cache at all); when a sweep
-size is missing or came back wrong. Prints the tables docs/MPI.md quotes."""
+size is missing or came back wrong. MPICH's job (Debian's ch4:ucx, no ummunotify) is judged on
+finishing and on its results being there; its wrong bytes are reported. Prints the tables docs/MPI.md quotes."""
 import re
 import sys
 
@@ -67,7 +68,7 @@ def main():
             print(f"{job}: monitor rank {mon.get('rank')}: backend={mon.get('backend')} "
                   f"subscribes={mon.get('subscribes')} notifies={mon.get('notifies')} "
                   f"evictions={mon.get('evictions')}")
-        if job.startswith("hazard"):
+        if "hazard" in job:
             got = {kv(line)["way"]: kv(line) for line in re.findall(r"MPI-HAZARD (.*)", body)}
             print(f"\n{job}:\n| way | replaced | same address | wrong bytes | bytes received |")
             print("| --- | ---: | ---: | ---: | ---: |")
@@ -86,7 +87,8 @@ def main():
                 if w != "free-malloc" and r["same_address"] != r["replaced"]:
                     fails.append(f"job {job}: {w}: same address {r['same_address']} of "
                                  f"{r['replaced']}")
-            if not umn and got and all(int(got.get(w, {}).get("wrong_bytes", 0)) == 0
+            # The control: libfabric's memhooks (not UCX's hooks in MPICH's job: reported only).
+            if job.startswith("hazard-memhooks") and got and all(int(got.get(w, {}).get("wrong_bytes", 0)) == 0
                                        for w in RAW):
                 fails.append(f"job {job}: the control saw no wrong byte with raw syscalls: the "
                              "job did not exercise libfabric's MR cache")
