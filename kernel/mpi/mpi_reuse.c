@@ -6,9 +6,9 @@
  *                                  fill it, rank 0 sends SIZE bytes to rank 1 and rank 1 sends
  *                                  them back; each receiver counts the bytes that differ from
  *                                  what the sender wrote in this round.
- *   mpi_reuse sweep SECONDS        ping-pong 8 B..4 MiB (x8 steps, and 1 MiB) with one buffer per size (the
- *                                  registration cache's hits), each size's loop SECONDS long;
- *                                  seconds per round trip and MB/s.
+ *   mpi_reuse sweep SECONDS        ping-pong 8 B..4 MiB (x8 steps, and 1 MiB) with one
+ *                                  buffer per size (the registration cache's hits), each
+ *                                  size's loop SECONDS long; seconds per round trip, MB/s.
  *
  * Ways (the kinds of kernel/rxe/kinds.h an application does with its own buffers):
  *   free-malloc     free(x); y = malloc(SIZE)       (glibc: munmap + mmap, counted if y == x)

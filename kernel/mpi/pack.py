@@ -2,8 +2,9 @@
 """The two-node MPI guests' initramfs (one image, both nodes): busybox, the files of Debian's
 rdma-core, libfabric and Open MPI packages (plug-in directories, help texts and configuration
 included, which an ldd closure alone would miss), the ldd closure of every ELF among them, at
-the host's paths (merged /usr), Debian's MPICH with UMN_MPI_MPICH=1, the test's programs, and the project's Debian package installed
-with `dpkg --root` (the job then finds ummunotify at the package's paths only).
+the host's paths (merged /usr), Debian's MPICH with UMN_MPI_MPICH=1, the test's programs,
+and the project's Debian package installed with `dpkg --root` (the job then finds ummunotify
+at the package's paths only).
 
 Usage: pack.py OUT.gz ROOT DEB PROGRAM... (each PROGRAM is SRC or SRC=DEST, DEST defaulting to
 /usr/bin/<name>). Prints the file count and sizes."""

@@ -12,10 +12,11 @@
 #   UMN_MPI_SHORT=1 bash kernel/mpi/run.sh    # CI's variant
 #
 # Knobs: UMN_MPI_JOBS (comma list: hazard-ummunotify, hazard-memhooks, sweep-memhooks[N],
-# sweep-ummunotify[N], mpich-ucx-hazard), UMN_MPI_ROUNDS (rounds per way, default 4), UMN_MPI_SIZE (bytes per
-# message of the hazard job, default 1 MiB: above rxm's eager and SAR sizes, so it goes by
-# rendezvous through the MR cache), UMN_MPI_SECONDS (per size of the sweep, default 3),
-# UMN_MPI_TIMEOUT (default 1800 s), UMN_MPI_PORT (the link's TCP port, default a free one).
+# sweep-ummunotify[N], mpich-ucx-hazard), UMN_MPI_ROUNDS (rounds per way, default 4),
+# UMN_MPI_SIZE (bytes per message of the hazard job, default 1 MiB: above rxm's eager and SAR
+# sizes, so it goes by rendezvous through the MR cache), UMN_MPI_SECONDS (per size of the
+# sweep, default 3; 0.5 short), UMN_MPI_TIMEOUT (default 1800 s), UMN_MPI_PORT (the link's TCP
+# port, default a free one).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$repo"

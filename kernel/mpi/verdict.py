@@ -10,7 +10,8 @@ the hazard job with ummunotify as libfabric's monitor saw a wrong byte, replaced
 another address, or ran without the monitor started in both ranks; when the control (memhooks,
 raw syscalls) saw no wrong byte (then the job did not exercise the cache at all); when a sweep
 size is missing or came back wrong. MPICH's job (Debian's ch4:ucx, no ummunotify) is judged on
-finishing and on its results being there; its wrong bytes are reported. Prints the tables docs/MPI.md quotes."""
+finishing and on its results being there; its wrong bytes are reported. Prints the tables
+docs/MPI.md quotes."""
 import re
 import sys
 
