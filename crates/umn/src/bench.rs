@@ -193,9 +193,18 @@ pub fn run(quick: bool) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
     // Misses: get + drop of a never-seen page, one every other page of one mapping (regions
     // stay cached), as the UCX harness's "MISS get+put" (bench/ucx_compare.sh): with the no-op
     // registrar against the hit, and with the mlock registrar against mlock + munlock of a page.
-    let nmiss = 20_000 / scale;
+    // 2,000 of them, as bench/miss_floor.c's default: the process stays far below the watch
+    // policy's VMA budget (20,000 single pages one every other page take it to the budget,
+    // where the policy counts the process's VMAs every few hundred watches: cache_miss_20k).
+    let nmiss = 2_000 / scale;
     let miss = misses(NoopRegistrar, nmiss)?;
     rows.push(row("cache_miss", miss, "cache_hit", hit));
+    let miss_20k = misses(NoopRegistrar, 20_000 / scale)?;
+    rows.push(row("cache_miss_20k", miss_20k, "cache_miss", miss));
+    // The miss against the kernel calls it makes (issue 23), batch by batch in this process.
+    let f = miss_vs_floor(40 / scale.min(4), 50)?;
+    rows.push(row("cache_miss_vs_floor", f.miss, "miss_floor3", f.floor3));
+    rows.push(row("cache_miss_vs_floor4", f.miss, "miss_floor4", f.floor4));
     let miss_mlock = misses(MlockRegistrar, nmiss)?;
     let p = map(pg, 0);
     touch(p, pg);
@@ -501,6 +510,159 @@ where
     drop(cache);
     unmap(arena, 2 * n * pg);
     Ok(ns)
+}
+
+/// A cache miss and its kernel floor, measured in alternating batches (medians of the batches'
+/// means, ns).
+struct MissFloor {
+    miss: f64,
+    /// `UFFDIO_REGISTER` of a fresh page, a signal-mask pair and `PROCMAP_QUERY`: the kernel
+    /// calls a miss on never-watched memory makes (bench/miss_floor.c).
+    floor3: f64,
+    /// The same and the `msync` mapped check a miss made before issue 23.
+    floor4: f64,
+}
+
+/// `batches` rounds of `per` misses (no-op registrar, one page every other page, regions kept)
+/// and `per` floor rounds (the same calls made directly, on pages of another mapping, watched
+/// through a userfaultfd context of the bench's own, as the library opens its own), one batch
+/// of each after the other: both see the machine in the same state, and the per-batch ratio
+/// does not drift with it.
+fn miss_vs_floor(batches: usize, per: usize) -> Result<MissFloor, Box<dyn std::error::Error>> {
+    const PROCMAP_QUERY: libc::c_ulong = 0xc068_6611; // _IOWR('f', 17, struct procmap_query)
+    #[repr(C)]
+    #[derive(Default)]
+    struct Query {
+        size: u64,
+        flags: u64,
+        addr: u64,
+        vma_start: u64,
+        vma_end: u64,
+        vma_flags: u64,
+        page_size: u64,
+        offset: u64,
+        inode: u64,
+        dev_major: u32,
+        dev_minor: u32,
+        name_size: u32,
+        build_id_size: u32,
+        name_addr: u64,
+        build_id_addr: u64,
+    }
+    #[repr(C)]
+    struct Api {
+        api: u64,
+        features: u64,
+        ioctls: u64,
+    }
+    #[repr(C)]
+    struct Register {
+        start: u64,
+        len: u64,
+        mode: u64,
+        ioctls: u64,
+    }
+    const UFFDIO_API: libc::c_ulong = 0xc018_aa3f;
+    const UFFDIO_REGISTER: libc::c_ulong = 0xc020_aa00;
+    const MODE_WP: u64 = 2;
+    // EVENT_REMAP | EVENT_REMOVE | EVENT_UNMAP, as the library asks for.
+    const FEATURES: u64 = (1 << 3) | (1 << 4) | (1 << 6);
+    let pg = page();
+    let n = batches * per;
+    // SAFETY: userfaultfd with flags only; the fd is owned below.
+    let uffd =
+        unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) as i32 };
+    if uffd < 0 {
+        return Err(format!("userfaultfd: {}", std::io::Error::last_os_error()).into());
+    }
+    let mut api = Api {
+        api: 0xaa,
+        features: FEATURES,
+        ioctls: 0,
+    };
+    // SAFETY: UFFDIO_API reads and writes one struct.
+    if unsafe { libc::ioctl(uffd, UFFDIO_API, &mut api) } != 0 {
+        return Err(format!("UFFDIO_API: {}", std::io::Error::last_os_error()).into());
+    }
+    let maps = std::fs::File::open("/proc/self/maps")?;
+    let floor_arena = map(2 * n * pg, 0);
+    let miss_arena = map(2 * n * pg, 0);
+    let cache = Cache::new(NoopRegistrar, Config::default().max_regions(1 << 21))?;
+    let (mut misses_ns, mut f3, mut f4) = (Vec::new(), Vec::new(), Vec::new());
+    for b in 0..batches {
+        let (mut reg, mut sync, mut mask, mut query) = (0u128, 0u128, 0u128, 0u128);
+        for i in 0..per {
+            let at = floor_arena + 2 * (b * per + i) * pg;
+            let mut r = Register {
+                start: at as u64,
+                len: pg as u64,
+                mode: MODE_WP,
+                ioctls: 0,
+            };
+            let t = Instant::now();
+            // SAFETY: registers a page of our own mapping with our own context.
+            let rc = unsafe { libc::ioctl(uffd, UFFDIO_REGISTER, &mut r) };
+            reg += t.elapsed().as_nanos();
+            if rc != 0 {
+                return Err(format!("UFFDIO_REGISTER: {}", std::io::Error::last_os_error()).into());
+            }
+            let t = Instant::now();
+            // SAFETY: msync with flags 0 only checks the range is mapped.
+            unsafe { libc::msync(at as *mut libc::c_void, pg, 0) };
+            sync += t.elapsed().as_nanos();
+            let t = Instant::now();
+            // SAFETY: blocks every signal, then restores the old mask.
+            unsafe {
+                let mut all: libc::sigset_t = std::mem::zeroed();
+                let mut old: libc::sigset_t = std::mem::zeroed();
+                libc::sigfillset(&mut all);
+                libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
+                libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+            }
+            mask += t.elapsed().as_nanos();
+            let mut q = Query {
+                size: std::mem::size_of::<Query>() as u64,
+                flags: 0x10,
+                addr: at as u64,
+                ..Query::default()
+            };
+            let t = Instant::now();
+            // SAFETY: PROCMAP_QUERY reads and writes one struct (no name buffers asked for).
+            let rc = unsafe {
+                libc::ioctl(
+                    std::os::fd::AsRawFd::as_raw_fd(&maps),
+                    PROCMAP_QUERY,
+                    &mut q,
+                )
+            };
+            query += t.elapsed().as_nanos();
+            if rc != 0 {
+                return Err(format!(
+                    "PROCMAP_QUERY (Linux 6.11+): {}",
+                    std::io::Error::last_os_error()
+                )
+                .into());
+            }
+        }
+        let per_f = per as f64;
+        f3.push((reg + mask + query) as f64 / per_f);
+        f4.push((reg + sync + mask + query) as f64 / per_f);
+        let t = Instant::now();
+        for i in 0..per {
+            drop(cache.get(miss_arena + 2 * (b * per + i) * pg, pg)?);
+        }
+        misses_ns.push(t.elapsed().as_nanos() as f64 / per_f);
+    }
+    drop(cache);
+    unmap(floor_arena, 2 * n * pg);
+    unmap(miss_arena, 2 * n * pg);
+    // SAFETY: our own fd, closed once.
+    unsafe { libc::close(uffd) };
+    Ok(MissFloor {
+        miss: median(misses_ns),
+        floor3: median(f3),
+        floor4: median(f4),
+    })
 }
 
 /// `VmRSS` of this process, bytes.
