@@ -570,11 +570,14 @@ fn miss_vs_floor(batches: usize, per: usize) -> Result<MissFloor, Box<dyn std::e
     let pg = page();
     let n = batches * per;
     // SAFETY: userfaultfd with flags only; the fd is owned below.
-    let uffd =
+    let raw =
         unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) as i32 };
-    if uffd < 0 {
+    if raw < 0 {
         return Err(format!("userfaultfd: {}", std::io::Error::last_os_error()).into());
     }
+    // SAFETY: a new fd nothing else owns; closed when dropped (on an error path too).
+    let owned = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) };
+    let uffd = std::os::fd::AsRawFd::as_raw_fd(&owned);
     let mut api = Api {
         api: 0xaa,
         features: FEATURES,
@@ -654,10 +657,11 @@ fn miss_vs_floor(batches: usize, per: usize) -> Result<MissFloor, Box<dyn std::e
         misses_ns.push(t.elapsed().as_nanos() as f64 / per_f);
     }
     drop(cache);
+    // The context first: it asked for unmap events, and nobody reads them here, so a munmap of
+    // pages it still watches would wait for a reader forever.
+    drop(owned);
     unmap(floor_arena, 2 * n * pg);
     unmap(miss_arena, 2 * n * pg);
-    // SAFETY: our own fd, closed once.
-    unsafe { libc::close(uffd) };
     Ok(MissFloor {
         miss: median(misses_ns),
         floor3: median(f3),
