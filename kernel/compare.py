@@ -21,7 +21,7 @@ Prints the side-by-side table, the coverage tables and the benchmark tables.
 - the Rust REMOVE race (tests/remove_race.rs, signal on: what ships) finds a stale use or fails
   (its run with the signal off is printed, not judged: the stock kernel's window).
 
-With --patched, judges the second guest (kernel/patches/uffd-remove-done.patch): the patch's
+With --patched, judges the second guest (kernel/patches/uffd-remove-done/): the patch's
 own test (uffd_remove_done) must pass, and with the signal off the REMOVE race and the 2010
 REMOVE stress must find no stale use, every REMOVE ended by the kernel's REMOVE_DONE (none by a
 grace period).
@@ -155,7 +155,7 @@ def patched_main(log):
     if not done:
         problems.append("the patched guest never printed UMN-GUEST-DONE")
     problems += [f"guest kernel: {line}" for line in dmesg_bad]
-    print("\npatched kernel (kernel/patches/uffd-remove-done.patch)")
+    print("\npatched kernel (kernel/patches/uffd-remove-done/)")
     own = {t: r for (i, t), r in results.items() if i == "patched"}
     for t, r in sorted(own.items()):
         print(f"  {t} {r}")
