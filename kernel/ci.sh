@@ -13,7 +13,7 @@
 # UMN_GUEST_TIMEOUT (seconds per guest, default 900), UMN_PATCHED=0 to skip the second guest.
 #
 # The second guest boots the same initramfs on the same kernel with
-# kernel/patches/uffd-remove-done.patch applied (a build of its own, cached next to the stock
+# kernel/patches/uffd-remove-done/ applied (a build of its own, cached next to the stock
 # one): the patch's own test, and the REMOVE stress with no signal help at 0 stale uses.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -39,6 +39,14 @@ fi
 # 2. The kernel (cached) and the module, built against it.
 kdir=$(bash "$repo/kernel/build-kernel.sh" | tail -n 1)
 say "kernel: $kdir"
+# The kernel's own style checker, from the same tree, on the module and the patch series: any
+# error or warning fails CI (checkpatch exits non-zero on either).
+checkpatch=(perl "$kdir/scripts/checkpatch.pl" --no-tree --quiet)
+"${checkpatch[@]}" --file kernel/module/*.c kernel/module/*.h >&2 ||
+    { say "FAIL: checkpatch on kernel/module"; exit 1; }
+"${checkpatch[@]}" kernel/patches/uffd-remove-done/*.patch >&2 ||
+    { say "FAIL: checkpatch on kernel/patches/uffd-remove-done/"; exit 1; }
+say "checkpatch: kernel/module and kernel/patches/uffd-remove-done/ clean"
 rm -rf "$out/module"
 cp -r "$repo/kernel/module" "$out/module"
 make -s -C "$kdir" M="$out/module" modules >&2
@@ -132,7 +140,7 @@ python3 "$repo/kernel/compare.py" "$log.txt" "$repo/kernel/expected-divergences.
 
 # 7. The patched kernel (item 6 of issue 15): userfaultfd's REMOVE with an end.
 if [ "${UMN_PATCHED:-1}" != 0 ]; then
-    pdir=$(UMN_KERNEL_PATCH="$repo/kernel/patches/uffd-remove-done.patch" \
+    pdir=$(UMN_KERNEL_PATCH="$repo/kernel/patches/uffd-remove-done" \
         bash "$repo/kernel/build-kernel.sh" | tail -n 1)
     say "patched kernel: $pdir"
     boot "$pdir" "$out/guest-patched.log" "umn.phase=patched"

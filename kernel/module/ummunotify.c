@@ -125,8 +125,10 @@ static bool umn_hit_tree(struct umn_ctx *ctx, u64 start, u64 end)
 
 static void umn_bump_counter(struct umn_ctx *ctx)
 {
-	/* Paired with the reader's plain load: the spinlock release orders it before the
-	 * invalidating call can return. */
+	/*
+	 * Paired with the reader's plain load: the spinlock release orders it before the
+	 * invalidating call can return.
+	 */
 	WRITE_ONCE(*ctx->counter, *ctx->counter + 1);
 }
 
@@ -161,8 +163,10 @@ static void umn_invalidate_range_end(struct mmu_notifier *mn,
 	bool hit = false;
 
 	spin_lock(&ctx->lock);
-	/* Regions registered after some invalidation started: the one ending now may have
-	 * started before them, so a registration overlapping it is not valid. */
+	/*
+	 * Regions registered after some invalidation started: the one ending now may have
+	 * started before them, so a registration overlapping it is not valid.
+	 */
 	list_for_each_entry(r, &ctx->tentative, tentative) {
 		if (r->start < range->end && range->start < r->end) {
 			umn_invalidate(ctx, r, range->start, range->end);
