@@ -301,7 +301,8 @@ def patched_main(log, stock_log=None):
 # What the debug guest (kernel/debug.config) runs against the module, and the checkers' words.
 DEBUG_PROGRAMS = PROGRAMS + [("lifecycle", "lifecycle/")]
 DEBUG_CHECKERS = ("lockdep", "kmemleak", "kasan")
-DEBUG_REPORT = re.compile(r"\bBUG\b|WARNING|Oops|general protection|KASAN|locking correctness")
+DEBUG_REPORT = re.compile(
+    r"\bBUG\b|WARNING|Oops|general protection|KASAN|locking correctness|INFO:")
 
 
 def debug_main(log, expected_path):
