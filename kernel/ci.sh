@@ -48,8 +48,10 @@ say "kernel: $kdir"
 checkpatch=(perl "$kdir/scripts/checkpatch.pl" --no-tree --quiet)
 "${checkpatch[@]}" --file kernel/module/*.c kernel/module/*.h >&2 ||
     { say "FAIL: checkpatch on kernel/module"; exit 1; }
-"${checkpatch[@]}" kernel/patches/uffd-remove-done/*.patch >&2 ||
-    { say "FAIL: checkpatch on kernel/patches/uffd-remove-done/"; exit 1; }
+# Each patch on stdin: checkpatch treats a file git tracks as a source file, not as a patch.
+for p in kernel/patches/uffd-remove-done/*.patch; do
+    "${checkpatch[@]}" - <"$p" >&2 || { say "FAIL: checkpatch on $p"; exit 1; }
+done
 say "checkpatch: kernel/module and kernel/patches/uffd-remove-done/ clean"
 # The patched kernel (kernel/patches/uffd-remove-done/, a build of its own), here so that the
 # initramfs can carry the series' userfaultfd selftest built from its tree.
