@@ -10,11 +10,15 @@
 # UMN_STRESS_SECS (REMOVE stress seconds per implementation, default 10), UMN_BENCH=0 to skip
 # the benchmarks (the C one and `umn designs`), UMN_STORM (regions in `umn designs`' storm,
 # default 100000), UMN_RACE_SECS (seconds per kind of the Rust REMOVE race, default 5),
-# UMN_GUEST_TIMEOUT (seconds per guest, default 900), UMN_PATCHED=0 to skip the second guest.
+# UMN_GUEST_TIMEOUT (seconds per guest, default 900), UMN_PATCHED=0 to skip the second guest,
+# UMN_DEBUG=0 to skip the third, UMN_UFFD_SELFTEST (userfaultfd selftest's MiB,bounces; 4,16).
 #
 # The second guest boots the same initramfs on the same kernel with
-# kernel/patches/uffd-remove-done.patch applied (a build of its own, cached next to the stock
-# one): the patch's own test, and the REMOVE stress with no signal help at 0 stale uses.
+# kernel/patches/uffd-remove-done/ applied (a build of its own, cached next to the stock
+# one): the patch's own test, and the REMOVE stress with no signal help at 0 stale uses; and
+# userfaultfd's own selftest, which must give what it gave in the first guest.
+# The third boots it on the kernel with kernel/debug.config (lockdep, kmemleak, KASAN): the
+# module's tests, with no report from the checkers.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
@@ -39,11 +43,41 @@ fi
 # 2. The kernel (cached) and the module, built against it.
 kdir=$(bash "$repo/kernel/build-kernel.sh" | tail -n 1)
 say "kernel: $kdir"
-rm -rf "$out/module"
-cp -r "$repo/kernel/module" "$out/module"
-make -s -C "$kdir" M="$out/module" modules >&2
+# The kernel's own style checker, from the same tree, on the module and the patch series: any
+# error or warning fails CI (checkpatch exits non-zero on either).
+checkpatch=(perl "$kdir/scripts/checkpatch.pl" --no-tree --quiet)
+"${checkpatch[@]}" --file kernel/module/*.c kernel/module/*.h >&2 ||
+    { say "FAIL: checkpatch on kernel/module"; exit 1; }
+# Each patch on stdin: checkpatch treats a file git tracks as a source file, not as a patch.
+for p in kernel/patches/uffd-remove-done/*.patch; do
+    "${checkpatch[@]}" - <"$p" >&2 || { say "FAIL: checkpatch on $p"; exit 1; }
+done
+say "checkpatch: kernel/module and kernel/patches/uffd-remove-done/ clean"
+# The patched kernel (kernel/patches/uffd-remove-done/, a build of its own), here so that the
+# initramfs can carry the series' userfaultfd selftest built from its tree.
+pdir=
+if [ "${UMN_PATCHED:-1}" != 0 ]; then
+    pdir=$(UMN_KERNEL_PATCH="$repo/kernel/patches/uffd-remove-done" \
+        bash "$repo/kernel/build-kernel.sh" | tail -n 1)
+    say "patched kernel: $pdir"
+fi
+# The debug kernel (kernel/debug.config merged after kernel.config: lockdep, kmemleak, KASAN;
+# a build of its own) and the module built against it, for the third guest.
+ddir=
+if [ "${UMN_DEBUG:-1}" != 0 ]; then
+    ddir=$(UMN_KERNEL_CONFIG_EXTRA="$repo/kernel/debug.config" \
+        bash "$repo/kernel/build-kernel.sh" | tail -n 1)
+    say "debug kernel: $ddir"
+fi
+build_module() { # kernel-dir build-dir
+    rm -rf "$2"
+    cp -r "$repo/kernel/module" "$2"
+    make -s -C "$1" M="$2" modules >&2
+    [ -f "$2/ummunotify.ko" ] || { say "module build produced no $2/ummunotify.ko"; exit 1; }
+}
+build_module "$kdir" "$out/module"
 ko="$out/module/ummunotify.ko"
-[ -f "$ko" ] || { say "module build produced no $ko"; exit 1; }
+[ -z "$ddir" ] || build_module "$ddir" "$out/module-debug"
 
 # 3. The preload and the C library (cargo), the Rust programs (umn: coverage and the designs
 # side by side; the kernel backend's tests), and the C programs.
@@ -67,10 +101,29 @@ gcc "${cflags[@]}" -I crates/ummunotify-compat/tests/c -I kernel/guest \
 gcc "${cflags[@]}" -I kernel/module -I kernel/guest kernel/guest/exact2010.c -o "$out/exact2010"
 gcc "${cflags[@]}" -I kernel/module kernel/guest/remove_stress.c -o "$out/remove_stress"
 gcc "${cflags[@]}" -I kernel/guest kernel/guest/uffd_remove_done.c -o "$out/uffd_remove_done"
+gcc "${cflags[@]}" -I kernel/module -I kernel/guest kernel/guest/lifecycle.c -o "$out/lifecycle"
 gcc "${cflags[@]}" -I include -I kernel/guest kernel/guest/capi_smoke.c -o "$out/capi_smoke" \
     -L "$rel" -lummunotify -Wl,-rpath,/lib
 progs=("$out/abi2010-suite" "$out/exact2010" "$out/remove_stress" "$out/capi_smoke" \
-    "$out/kernel_backend" "$rel/umn" "$out/remove_race" "$out/uffd_remove_done")
+    "$out/kernel_backend" "$rel/umn" "$out/remove_race" "$out/uffd_remove_done" "$out/lifecycle")
+# userfaultfd's own selftest (tools/testing/selftests/vm/userfaultfd.c), built as its Makefile
+# does but static, against the tree's own uapi header: "stock" from the stock tree (it runs in
+# both guests: the patched kernel must give the same results), "series" from the patched tree
+# (with the series' test of UFFD_EVENT_REMOVE_DONE; it asks for the new bit, so it runs only in
+# the patched guest).
+uffd_selftest() { # tree name
+    local inc="$out/uffd-selftest-$2-include"
+    rm -rf "$inc"
+    mkdir -p "$inc/linux"
+    cp "$1/include/uapi/linux/userfaultfd.h" "$inc/linux/"
+    (cd "$1/tools/testing/selftests/vm" &&
+        gcc -static -Wall -Werror -O2 -pthread -I "$inc" userfaultfd.c vm_util.c -lrt \
+            -o "$out/uffd-selftest-$2")
+    static_progs+=("$out/uffd-selftest-$2")
+}
+static_progs=()
+uffd_selftest "$kdir" stock
+[ -z "$pdir" ] || uffd_selftest "$pdir" series
 if [ -f kernel/guest/bench.c ]; then
     gcc "${cflags[@]}" -I kernel/module kernel/guest/bench.c -o "$out/bench"
     progs+=("$out/bench")
@@ -81,16 +134,17 @@ root="$out/initramfs"
 rm -rf "$root"
 mkdir -p "$root"/{bin,lib,lib64,proc,sys,dev,tmp}
 cp /bin/busybox "$root/bin/busybox"
-for app in sh mount insmod rmmod env sed cut ls dmesg grep poweroff nproc uname cat echo; do
+for app in sh mount insmod rmmod env sed cut ls dmesg grep poweroff nproc uname cat echo sleep tr reboot; do
     ln -sf busybox "$root/bin/$app"
 done
 cp "$repo/kernel/guest/init" "$root/init"
 cp "$ko" "$root/lib/ummunotify.ko"
+[ -z "$ddir" ] || cp "$out/module-debug/ummunotify.ko" "$root/lib/ummunotify-debug.ko"
 cp "$rel/libummunotify_compat.so" "$root/lib/libummunotify-compat.so"
 # The C library's SONAME is libummunotify.so.0 (what programs linked with -lummunotify load).
 cp "$rel/libummunotify.so" "$root/lib/libummunotify.so.0"
 ln -sf libummunotify.so.0 "$root/lib/libummunotify.so"
-cp "${progs[@]}" "$root/bin/"
+cp "${progs[@]}" "${static_progs[@]}" "$root/bin/"
 for obj in "${progs[@]}" "$rel/libummunotify_compat.so" "$rel/libummunotify.so"; do
     LD_LIBRARY_PATH="$rel" ldd "$obj" | awk '/=>/ && $3 ~ /^\// {print $3} /^\t\/lib64/ {print $1}'
 done | sort -u | while read -r lib; do
@@ -112,7 +166,7 @@ boot() { # kernel-dir log extra-cmdline
     set +e
     timeout -k 10 "$timeout_s" qemu-system-x86_64 -accel tcg -smp 2,sockets=2,cores=1,threads=1 -m 1024 -nographic -no-reboot \
         -kernel "$1/arch/x86/boot/bzImage" -initrd "$out/initrd.gz" \
-        -append "console=ttyS0 rdinit=/init panic=-1 quiet umn.stress=${UMN_STRESS_SECS:-10} umn.bench=${UMN_BENCH:-1} umn.storm=${UMN_STORM:-100000} umn.race=${UMN_RACE_SECS:-5} $3" \
+        -append "console=ttyS0 rdinit=/init panic=-1 quiet umn.uffd_selftest=${UMN_UFFD_SELFTEST:-4,16} umn.stress=${UMN_STRESS_SECS:-10} umn.bench=${UMN_BENCH:-1} umn.storm=${UMN_STORM:-100000} umn.race=${UMN_RACE_SECS:-5} $3" \
         </dev/null >"$2" 2>&1
     local rc=$?
     set -e
@@ -130,11 +184,17 @@ boot "$kdir" "$log" ""
 # 6. The verdict.
 python3 "$repo/kernel/compare.py" "$log.txt" "$repo/kernel/expected-divergences.txt"
 
-# 7. The patched kernel (item 6 of issue 15): userfaultfd's REMOVE with an end.
-if [ "${UMN_PATCHED:-1}" != 0 ]; then
-    pdir=$(UMN_KERNEL_PATCH="$repo/kernel/patches/uffd-remove-done.patch" \
-        bash "$repo/kernel/build-kernel.sh" | tail -n 1)
-    say "patched kernel: $pdir"
+# 7. The patched kernel (item 6 of issue 15): userfaultfd's REMOVE with an end; userfaultfd's
+# selftest there must give what it gave on the stock kernel (issue 24).
+if [ -n "$pdir" ]; then
     boot "$pdir" "$out/guest-patched.log" "umn.phase=patched"
-    python3 "$repo/kernel/compare.py" --patched "$out/guest-patched.log.txt"
+    python3 "$repo/kernel/compare.py" --patched "$out/guest-patched.log.txt" "$log.txt"
+fi
+
+# 8. The debug kernel (issue 24): the module's suite, REMOVE stress and teardown tests under
+# lockdep, kmemleak and KASAN; any report fails.
+if [ -n "$ddir" ]; then
+    boot "$ddir" "$out/guest-debug.log" "umn.phase=debug log_buf_len=4M"
+    python3 "$repo/kernel/compare.py" --debug "$out/guest-debug.log.txt" \
+        "$repo/kernel/expected-divergences.txt"
 fi

@@ -21,13 +21,22 @@ Prints the side-by-side table, the coverage tables and the benchmark tables.
 - the Rust REMOVE race (tests/remove_race.rs, signal on: what ships) finds a stale use or fails
   (its run with the signal off is printed, not judged: the stock kernel's window).
 
-With --patched, judges the second guest (kernel/patches/uffd-remove-done.patch): the patch's
+Both guests run userfaultfd's own selftest (UMN-SELFTEST lines): in the stock guest its stock
+build must pass in every mode run; with --patched, the stock build must give the same exit code
+and sub-tests on the patched kernel as in STOCK_GUEST_LOG, and the series' build must pass with
+its REMOVE_DONE test.
+
+With --debug, judges the debug guest (kernel/debug.config: lockdep, kmemleak, KASAN; see
+debug_main).
+
+With --patched, judges the second guest (kernel/patches/uffd-remove-done/): the patch's
 own test (uffd_remove_done) must pass, and with the signal off the REMOVE race and the 2010
 REMOVE stress must find no stale use, every REMOVE ended by the kernel's REMOVE_DONE (none by a
 grace period).
 
 Usage: compare.py GUEST_LOG EXPECTED_DIVERGENCES
-       compare.py --patched GUEST_LOG
+       compare.py --patched GUEST_LOG [STOCK_GUEST_LOG]
+       compare.py --debug GUEST_LOG EXPECTED_DIVERGENCES
 """
 import json
 import re
@@ -149,13 +158,121 @@ def judge_race(label, race, judged, want_no_grace=False):
     return problems
 
 
-def patched_main(log):
+# userfaultfd's selftest (tools/testing/selftests/vm/userfaultfd.c), the modes guest/init runs.
+SELFTEST_MODES = ("anon", "anon:dev", "shmem", "shmem:dev")
+# The series' own test of UFFD_EVENT_REMOVE_DONE (patch 0003) prints this when it passes.
+SELFTEST_REMOVE_DONE = "testing events (remove, remove done): done."
+# How a mode ends on this guest kernel for want of an option, whatever the patch: after the
+# bounces, anon's uffd-wp pagemap test asks for MADV_NOHUGEPAGE, which is EINVAL without
+# transparent huge pages (off in kernel.config), and err() ends the run there, before the
+# zeropage, signal, events and REMOVE_DONE tests (which the shmem modes run).
+SELFTEST_GUEST_LACKS = {
+    "anon": ("ERROR: madvise(MADV_NOHUGEPAGE) failed (errno=22",
+             "MADV_NOHUGEPAGE needs transparent huge pages (off in kernel.config)"),
+}
+SELFTEST_GUEST_LACKS["anon:dev"] = SELFTEST_GUEST_LACKS["anon"]
+
+
+def selftest_lacks(mode, code, lines):
+    """Why this run ended early for want of a kernel option, or None."""
+    lack = SELFTEST_GUEST_LACKS.get(mode)
+    # err() writes to stderr after the test's unterminated "testing ...: " on stdout.
+    if lack and code == "1" and lines and lack[0] in lines[-1]:
+        return lack[1]
+    return None
+
+
+def parse_selftest(path):
+    """{(build, mode): (exit code, [lines])} from UMN-SELFTEST / UMN-SELFTEST-EXIT lines."""
+    runs, pending, skips = {}, {}, []
+    for line in open(path, encoding="utf-8", errors="replace").read().splitlines():
+        m = re.match(r"^UMN-SELFTEST (\S+) (\S+) (.*)$", line)
+        if m:
+            pending.setdefault((m.group(1), m.group(2)), []).append(m.group(3))
+            continue
+        m = re.match(r"^UMN-SELFTEST-EXIT (\S+) (\S+) (\S+)", line)
+        if m:
+            key = (m.group(1), m.group(2))
+            runs[key] = (m.group(3), pending.pop(key, []))
+            continue
+        if line.startswith("UMN-SELFTEST-SKIP "):
+            skips.append(line[len("UMN-SELFTEST-SKIP "):])
+    return runs, skips
+
+
+def selftest_shape(lines):
+    """What a run must have in common with another on a different kernel: the sub-tests it
+    reached, in order, and each bounce's mode, without the fault counts (which vary by run)."""
+    shape = []
+    for line in lines:
+        if line.startswith("bounces:"):
+            shape.append(line.split(", userfaults")[0])
+        elif line.startswith("testing "):
+            shape.append(line.split(":")[0])
+        else:
+            shape.append(line)
+    return shape
+
+
+def judge_selftest(runs, skips, build, label):
+    """Prints one build's runs; returns its problems (a mode missing or not exiting 0)."""
+    print(f"\nuserfaultfd selftest, {build} build, {label} kernel")
+    problems = []
+    for mode in SELFTEST_MODES:
+        run = runs.get((build, mode))
+        if run is None:
+            problems.append(f"selftest {build} {mode} on the {label} kernel: never ran")
+            continue
+        code, lines = run
+        tests = [t for t in selftest_shape(lines) if t.startswith("testing ")]
+        print(f"  {mode:<10} exit {code}: {len(tests)} sub-tests after the bounces "
+              f"({', '.join(t[len('testing '):] for t in tests)})")
+        bounces = sum(line.startswith("bounces:") for line in lines)
+        lack = selftest_lacks(mode, code, lines)
+        if lack:
+            print(f"  {'':<10} ended after {bounces} bounces and the tests above: {lack}")
+        elif code != "0":
+            problems.append(f"selftest {build} {mode} on the {label} kernel: exit {code}: "
+                            f"{lines[-1] if lines else 'no output'}")
+        if bounces == 0:
+            problems.append(f"selftest {build} {mode} on the {label} kernel: no bounce ran")
+    for skip in skips:
+        if skip.startswith(build + " "):
+            print(f"  not run: {skip[len(build) + 1:]}")
+    return problems
+
+
+def patched_main(log, stock_log=None):
     results, done, _, dmesg_bad, _, stress, _, codes, _, _ = parse_log(log)
     problems = []
+    # userfaultfd's selftest: the stock build must give on the patched kernel exactly what it
+    # gave on the stock one; the series' build (with the REMOVE_DONE test) must pass.
+    runs, skips = parse_selftest(log)
+    problems += judge_selftest(runs, skips, "stock", "patched")
+    problems += judge_selftest(runs, skips, "series", "patched")
+    for mode in SELFTEST_MODES:
+        code, lines = runs.get(("series", mode), ("", []))
+        if SELFTEST_REMOVE_DONE not in lines and not selftest_lacks(mode, code, lines):
+            problems.append(f"selftest series {mode}: no '{SELFTEST_REMOVE_DONE}'")
+    if stock_log is None:
+        problems.append("no stock guest log to compare userfaultfd's selftest with")
+    else:
+        stock_runs, _ = parse_selftest(stock_log)
+        for mode in SELFTEST_MODES:
+            a, b = stock_runs.get(("stock", mode)), runs.get(("stock", mode))
+            if a is None or b is None:
+                problems.append(f"selftest stock {mode}: missing on the "
+                                f"{'stock' if a is None else 'patched'} kernel")
+            elif a[0] != b[0] or selftest_shape(a[1]) != selftest_shape(b[1]):
+                problems.append(f"selftest stock {mode}: the patched kernel gave exit {b[0]} "
+                                f"{selftest_shape(b[1])}, the stock one exit {a[0]} "
+                                f"{selftest_shape(a[1])}")
+        print("  the stock build's results on the stock and the patched kernel "
+              f"{'differ' if any('selftest stock' in p for p in problems) else 'are the same'}")
     if not done:
         problems.append("the patched guest never printed UMN-GUEST-DONE")
     problems += [f"guest kernel: {line}" for line in dmesg_bad]
-    print("\npatched kernel (kernel/patches/uffd-remove-done.patch)")
+    print("\npatched kernel (kernel/patches/uffd-remove-done/)")
     own = {t: r for (i, t), r in results.items() if i == "patched"}
     for t, r in sorted(own.items()):
         print(f"  {t} {r}")
@@ -178,6 +295,66 @@ def patched_main(log):
         return 1
     print("\nkernel/ci.sh (patched): the patch's test passes; 0 stale uses, every REMOVE ended "
           "by the kernel")
+    return 0
+
+
+# What the debug guest (kernel/debug.config) runs against the module, and the checkers' words.
+DEBUG_PROGRAMS = PROGRAMS + [("lifecycle", "lifecycle/")]
+DEBUG_CHECKERS = ("lockdep", "kmemleak", "kasan")
+DEBUG_REPORT = re.compile(
+    r"\bBUG\b|WARNING|Oops|general protection|KASAN|locking correctness|INFO:")
+
+
+def debug_main(log, expected_path):
+    """The debug guest: the module's suite, REMOVE stress and teardown tests under lockdep,
+    kmemleak and KASAN. Fails on a test the module fails (beyond its listed divergences), a
+    program that did not finish, a checker that was not on, any lockdep/KASAN/BUG/WARNING line
+    in dmesg, lockdep having turned itself off, or any kmemleak report."""
+    results, done, module_loaded, dmesg_bad, _, stress, exits, codes, _, _ = parse_log(log)
+    expected = parse_expected(expected_path)
+    lines = open(log, encoding="utf-8", errors="replace").read().splitlines()
+    problems = []
+    if not done:
+        problems.append("the debug guest never printed UMN-GUEST-DONE (crash, hang or cut short)")
+    if not module_loaded:
+        problems.append("the module was not loaded in the debug guest")
+    problems += [f"guest kernel: {line}" for line in dmesg_bad if "CPUs" in line]
+    reports = [line for line in lines if line.startswith("UMN-DMESG ") and DEBUG_REPORT.search(line)]
+    problems += [f"guest kernel: {line}" for line in reports]
+    for checker in DEBUG_CHECKERS:
+        if f"UMN-DEBUG {checker} on" not in lines:
+            problems.append(f"{checker} was not on in the debug kernel")
+    if "UMN-DEBUG debug_locks:1" not in lines:
+        problems.append("lockdep was off at the end (debug_locks != 1: it reported something)")
+    if "UMN-DEBUG kmemleak scanned" not in lines:
+        problems.append("kmemleak was never scanned")
+    leaks = [line for line in lines if line.startswith("UMN-KMEMLEAK ")]
+    if leaks:
+        problems.append(f"kmemleak: {sum('unreferenced object' in l for l in leaks)} "
+                        "unreferenced objects")
+    print("\ndebug kernel (lockdep, kmemleak, KASAN): the module")
+    for prog, prefix in DEBUG_PROGRAMS:
+        if codes.get(("module", prog)) is None:
+            problems.append(f"module: {prog} never finished")
+        own = {t: r for (i, t), r in results.items() if i == "module" and t.startswith(prefix)}
+        if not own:
+            problems.append(f"module: {prog} reported no result")
+        for t, r in sorted(own.items()):
+            want = expected[t][0] if t in expected else "PASS"
+            if not matches(r, want):
+                problems.append(f"module: {t}: {r} (want {want})")
+        print(f"  {prog:<14} {sum(r == 'PASS' for r in own.values())}/{len(own)} pass, "
+              f"exit {codes.get(('module', prog))}")
+    for line in stress:
+        print(f"  {line}")
+    for line in reports + leaks[:40]:
+        print(f"  {line}")
+    if problems:
+        print("\nkernel/ci.sh (debug): FAIL")
+        for p in problems:
+            print(f"  - {p}")
+        return 1
+    print("\nkernel/ci.sh (debug): no lockdep, KASAN or kmemleak report")
     return 0
 
 
@@ -206,8 +383,10 @@ def matches(result, listed):
 
 
 def main():
+    if sys.argv[1] == "--debug":
+        return debug_main(sys.argv[2], sys.argv[3])
     if sys.argv[1] == "--patched":
-        return patched_main(sys.argv[2])
+        return patched_main(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None)
     log, expected_path = sys.argv[1], sys.argv[2]
     (results, done, module_loaded, dmesg_bad, bench, stress, exits, codes, coverage,
      designs) = parse_log(log)
@@ -218,6 +397,7 @@ def main():
     if not module_loaded:
         problems.append("the module was not loaded in the guest")
     problems += [f"guest kernel: {line}" for line in dmesg_bad]
+    problems += judge_selftest(*parse_selftest(log), "stock", "stock")
     # The C library's own smoke test runs once (userfaultfd underneath): it must pass.
     capi = {t: r for (i, t), r in results.items() if i == "capi"}
     if ("capi", "capi_smoke") not in exits or not capi:

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: GPL-2.0-only OR MIT */
 /*
- * The userfaultfd patch (kernel/patches/uffd-remove-done.patch) from user space, without the
+ * The userfaultfd patch (kernel/patches/uffd-remove-done/) from user space, without the
  * project's library: UFFD_FEATURE_EVENT_REMOVE_DONE is offered, and every UFFD_EVENT_REMOVE is
  * followed by a UFFD_EVENT_REMOVE_DONE of the same range, sent by the remover after its zap, so
  * that when the monitor has read it the pages are gone (pagemap: not present), for

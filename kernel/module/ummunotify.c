@@ -16,7 +16,9 @@
  *
  * Locking: ctx->lock (a spinlock) protects the trees, the queue, the tentative list, the counter
  * and the slot words. The notifier callbacks take only that lock, never sleep, never allocate.
- * ctx->setup (a mutex) serialises the one-time notifier registration and slot-area allocation.
+ * ctx->setup (a mutex) serialises the one-time notifier registration, which takes the mmap lock
+ * inside it: so ctx->setup is never taken with the mmap lock held (mmap() runs with it). The slot
+ * area is allocated with no lock held but the caller's and installed under ctx->lock.
  */
 #include <linux/fs.h>
 #include <linux/idr.h>
@@ -125,8 +127,10 @@ static bool umn_hit_tree(struct umn_ctx *ctx, u64 start, u64 end)
 
 static void umn_bump_counter(struct umn_ctx *ctx)
 {
-	/* Paired with the reader's plain load: the spinlock release orders it before the
-	 * invalidating call can return. */
+	/*
+	 * Paired with the reader's plain load: the spinlock release orders it before the
+	 * invalidating call can return.
+	 */
 	WRITE_ONCE(*ctx->counter, *ctx->counter + 1);
 }
 
@@ -161,8 +165,10 @@ static void umn_invalidate_range_end(struct mmu_notifier *mn,
 	bool hit = false;
 
 	spin_lock(&ctx->lock);
-	/* Regions registered after some invalidation started: the one ending now may have
-	 * started before them, so a registration overlapping it is not valid. */
+	/*
+	 * Regions registered after some invalidation started: the one ending now may have
+	 * started before them, so a registration overlapping it is not valid.
+	 */
 	list_for_each_entry(r, &ctx->tentative, tentative) {
 		if (r->start < range->end && range->start < r->end) {
 			umn_invalidate(ctx, r, range->start, range->end);
@@ -245,14 +251,18 @@ static int umn_open(struct inode *inode, struct file *file)
 static int umn_release(struct inode *inode, struct file *file)
 {
 	struct umn_ctx *ctx = file->private_data;
-	struct rb_node *n;
+	struct umn_region *r, *next;
 
 	/* Waits for callbacks in flight; after it no callback runs. */
 	if (ctx->notifier_registered)
 		mmu_notifier_unregister(&ctx->mn, ctx->mm);
-	while ((n = rb_first(&ctx->cookies))) {
-		rb_erase(n, &ctx->cookies);
-		kmem_cache_free(umn_region_cache, rb_entry(n, struct umn_region, by_cookie));
+	/*
+	 * Nothing else sees the tree now: free it in one pass, without rebalancing, and let
+	 * others run (up to max_regions objects; freeing them in one go stalled RCU under KASAN).
+	 */
+	rbtree_postorder_for_each_entry_safe(r, next, &ctx->cookies, by_cookie) {
+		kmem_cache_free(umn_region_cache, r);
+		cond_resched();
 	}
 	ida_destroy(&ctx->slot_ida);
 	vfree(ctx->slots);
@@ -305,30 +315,45 @@ static bool umn_link_cookie(struct umn_ctx *ctx, struct umn_region *r)
  * the slot area on first use. The notifier registration takes mmap_lock: never ask for it from
  * ->mmap, which runs with mmap_lock held.
  */
+/*
+ * The slot area, allocated on first use. Called from ioctl and from mmap() (with the mmap lock
+ * held), so it takes no lock but ctx->lock: two first users may both allocate, one area is kept.
+ */
+static int umn_setup_slots(struct umn_ctx *ctx)
+{
+	u64 *slots;
+
+	if (READ_ONCE(ctx->slots))
+		return 0;
+	slots = vmalloc_user(umn_slots_bytes());
+	if (!slots)
+		return -ENOMEM;
+	spin_lock(&ctx->lock);
+	if (!ctx->slots) {
+		WRITE_ONCE(ctx->slots, slots);
+		slots = NULL;
+	}
+	spin_unlock(&ctx->lock);
+	vfree(slots);
+	return 0;
+}
+
 static int umn_setup(struct umn_ctx *ctx, bool want_notifier, bool want_slots)
 {
 	int err = 0;
 
-	mutex_lock(&ctx->setup);
-	if (want_notifier && !ctx->notifier_registered) {
-		err = mmu_notifier_register(&ctx->mn, ctx->mm);
-		if (err)
-			goto out;
-		ctx->notifier_registered = true;
-	}
-	if (want_slots && !ctx->slots) {
-		u64 *slots = vmalloc_user(umn_slots_bytes());
-
-		if (!slots) {
-			err = -ENOMEM;
-			goto out;
+	if (want_notifier) {
+		/* mmu_notifier_register() takes the mmap lock: never called with it held. */
+		mutex_lock(&ctx->setup);
+		if (!ctx->notifier_registered) {
+			err = mmu_notifier_register(&ctx->mn, ctx->mm);
+			if (!err)
+				ctx->notifier_registered = true;
 		}
-		spin_lock(&ctx->lock);
-		ctx->slots = slots;
-		spin_unlock(&ctx->lock);
+		mutex_unlock(&ctx->setup);
 	}
-out:
-	mutex_unlock(&ctx->setup);
+	if (!err && want_slots)
+		err = umn_setup_slots(ctx);
 	return err;
 }
 
