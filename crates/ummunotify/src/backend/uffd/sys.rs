@@ -23,7 +23,7 @@ pub(crate) mod feature {
     pub(crate) const WP_ASYNC: u64 = 1 << 15;
     /// `UFFD_FEATURE_EVENT_REMOVE_DONE`: every `REMOVE` gets an end, `UFFD_EVENT_REMOVE_DONE`,
     /// sent by the remover after its zap. Not upstream: this project's kernel patch
-    /// (`kernel/patches/uffd-remove-done.patch`, `docs/KERNEL-PATCH.md`); the bit is far above
+    /// (`kernel/patches/uffd-remove-done/`, `docs/KERNEL-PATCH.md`); the bit is far above
     /// the assigned ones so that no released kernel offers it by accident.
     pub(crate) const EVENT_REMOVE_DONE: u64 = 1 << 30;
     /// Names of all bits the 6.18 kernel advertises, for `umn doctor`.
