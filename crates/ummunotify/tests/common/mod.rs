@@ -95,12 +95,16 @@ pub fn madvise(addr: usize, len: usize, advice: libc::c_int) {
 /// `n`'s 2010 notification count, settled. The count is provisional while the process's monitor
 /// takes a message (+1 before the read, taken back if the message hit none of `n`'s regions), and
 /// every notifier of the process is handed every message, so tests running in parallel make it
-/// read one high now and then. A real count never goes down: the lowest of many reads is it.
+/// read one high now and then — for as long as the monitor is descheduled mid-message on a
+/// loaded machine. A real count never goes down: the lowest of many reads, some of them spread
+/// over a few milliseconds of sleeps, is it.
 pub fn notifications(n: &ummunotify::Notifier) -> u64 {
-    (0..10_000)
-        .map(|_| n.notifications())
-        .min()
-        .expect("10,000 reads")
+    let fast = (0..10_000).map(|_| n.notifications());
+    let spread = (0..50).map(|_| {
+        std::thread::sleep(std::time::Duration::from_micros(200));
+        n.notifications()
+    });
+    fast.chain(spread).min().expect("10,050 reads")
 }
 
 /// Whether the notifier's fd is readable right now (`poll` with timeout 0).
@@ -113,6 +117,25 @@ pub fn readable(fd: std::os::fd::BorrowedFd<'_>) -> bool {
     };
     // SAFETY: one valid pollfd.
     unsafe { libc::poll(&mut p, 1, 0) == 1 }
+}
+
+/// Whether `fd` stops being readable within 10 s. The process's one userfaultfd context hands
+/// every notifier every message, and a notifier with regions is readable while any message is
+/// being taken, so a test running in parallel makes the fd readable now and then — for as long
+/// as the monitor thread is descheduled mid-message on a loaded machine. Readiness that never
+/// goes away is the bug; a bounded wait with sleeps in between tells the two apart without
+/// depending on how fast the monitor gets a CPU.
+pub fn quiet(fd: std::os::fd::BorrowedFd<'_>) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        if (0..1_000).any(|_| !readable(fd)) {
+            return true;
+        }
+        if std::time::Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_micros(200));
+    }
 }
 
 /// A private low address range for tests that unmap and map again at the same address: the
