@@ -1029,8 +1029,8 @@ impl Scanner {
         }
     }
 
-    /// Whether io_uring worker `tid` is idle (its `wchan` is `io_wq_worker`: waiting for work)
-    /// or gone. A worker that is running, or blocked anywhere else, is not.
+    /// Whether io_uring worker `tid` is idle (waiting for work: see [`look_at_worker`]) or gone.
+    /// A worker that is running, or blocked anywhere else, is not.
     pub(crate) fn worker_idle(&self, tid: i32) -> bool {
         let Some(dir) = &self.dir else { return false };
         let mut name = [0u8; 12];
@@ -1048,12 +1048,7 @@ impl Scanner {
         for k in 0..len {
             name[k] = digits[len - 1 - k];
         }
-        let wchan = read_small(dir.as_raw_fd(), &name[..len], b"/wchan\0");
-        if wchan.1 == 0 {
-            // Unreadable: gone (ENOENT/ESRCH) counts as idle, anything else as busy.
-            return wchan.2;
-        }
-        wchan.starts_with(b"io_wq_worker")
+        look_at_worker(dir.as_raw_fd(), &name[..len]) != WorkerLook::Busy
     }
 
     /// The candidates of the last scan, and whether some could not be kept (or the scan failed).
@@ -1182,13 +1177,12 @@ impl Scanner {
             },
         };
         // An io_uring worker's `syscall` file shows registers copied from the thread that made
-        // it, not what it does: a worker that is not idle (`wchan` is `io_wq_worker` while it
-        // waits for work) is a possible sender that can not be named.
+        // it, not what it does: a worker that is not idle (or gone) is a possible sender that
+        // can not be named.
         let r = if io_worker {
-            if read_small(dfd, name, b"/wchan\0").starts_with(b"io_wq_worker") {
-                Ok(None)
-            } else {
-                Err(true)
+            match look_at_worker(dfd, name) {
+                WorkerLook::Busy => Err(true),
+                WorkerLook::Idle | WorkerLook::Gone => Ok(None),
             }
         } else {
             read_syscall(fd, tid)
@@ -1244,6 +1238,56 @@ fn is_io_worker(dfd: i32, name: &[u8]) -> bool {
     let mut buf = [0u8; 512];
     let (got, _) = read_task(dfd, name, b"/stat\0", &mut buf);
     stat_flags(&buf[..got]).is_some_and(|f| f & PF_IO_WORKER != 0)
+}
+
+/// What a look at an io_uring worker found.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum WorkerLook {
+    /// Waiting for work: not inside any call.
+    Idle,
+    /// Running, or blocked somewhere else (or unreadable): maybe inside a call.
+    Busy,
+    /// Exited.
+    Gone,
+}
+
+/// Whether io_uring worker `name` waits for work. It does so in `io_wq_worker`, in an
+/// interruptible `schedule_timeout` (state `S`). Its `wchan` names where it sleeps, as the
+/// kernel's unwinder finds it: `io_wq_worker` with the ORC or frame-pointer unwinder (this
+/// machine's 6.18); with the "guess" unwinder (`CONFIG_UNWINDER_GUESS`, the 6.1 guests) the first
+/// text address on its stack, which for that sleep is the on-stack timer's `process_timeout`.
+/// `process_timeout` alone proves nothing (any `schedule_timeout` leaves it there, and a guess
+/// may read a stale word), so it counts only with state `S`: every sleep of a worker inside the
+/// calls that send a `REMOVE` — the wait for the message's read (killable), `mmap_lock`, the
+/// inode and `i_mmap` locks of a punch — is uninterruptible (`D`), or it runs (`R`).
+fn look_at_worker(dfd: i32, name: &[u8]) -> WorkerLook {
+    let wchan = read_small(dfd, name, b"/wchan\0");
+    if wchan.1 == 0 {
+        return if wchan.2 {
+            WorkerLook::Gone
+        } else {
+            WorkerLook::Busy
+        };
+    }
+    if wchan.starts_with(b"io_wq_worker") {
+        return WorkerLook::Idle;
+    }
+    if wchan.0[..wchan.1] != *b"process_timeout" {
+        return WorkerLook::Busy;
+    }
+    let mut buf = [0u8; 512];
+    match read_task(dfd, name, b"/stat\0", &mut buf) {
+        (0, true) => WorkerLook::Gone,
+        (got, _) if stat_state(&buf[..got]) == Some(b'S') => WorkerLook::Idle,
+        _ => WorkerLook::Busy,
+    }
+}
+
+/// The state letter of a `/proc/TID/stat` line (the first field after the `)` that ends the
+/// command name).
+fn stat_state(line: &[u8]) -> Option<u8> {
+    let close = line.iter().rposition(|&b| b == b')')?;
+    line[close + 1..].iter().copied().find(|&b| b != b' ')
 }
 
 /// The flags field of a `/proc/TID/stat` line (the 9th; counted after the `)` that ends the
@@ -1531,6 +1575,12 @@ mod tests {
         assert_eq!(stat_flags(line).unwrap() & PF_IO_WORKER, 0);
         assert_eq!(stat_flags(b"7 (a) R 1 7 7 0 -1 2097232 1"), Some(2097232));
         assert_eq!(stat_flags(b"7 (a) R 1"), None);
+        assert_eq!(
+            stat_state(b"57 (iou-wrk-54) S 1 1 1 0 -1 4194320"),
+            Some(b'S')
+        );
+        assert_eq!(stat_state(b"7 (a) b) D 1"), Some(b'D'));
+        assert_eq!(stat_state(b"7 (a"), None);
         // Our own thread is no io_uring worker; a worker of a ring we drive is one.
         let dir = c"/proc/self/task";
         // SAFETY: opens a directory read-only; closed below.

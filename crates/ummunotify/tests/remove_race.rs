@@ -370,13 +370,15 @@ fn stress(kind: RemoveKind, secs: f64) -> Option<[Tally; 3]> {
     ] {
         eprintln!(
             "remove_race kind={} path={name} removes_confirmed={} removes_by_grace={} in_flight={} \
-             fresh_windows={} fresh_by_grace={}",
+             fresh_windows={} fresh_by_grace={} signals_sent={} signals_handled={}",
             kind.name(),
             st.removes_confirmed,
             st.removes_by_grace,
             st.removes_in_flight,
             st.fresh_windows_confirmed,
-            st.fresh_windows_by_grace
+            st.fresh_windows_by_grace,
+            st.signals_sent,
+            st.signals_handled
         );
     }
     drop(cache);
