@@ -1,8 +1,9 @@
 //! The cache's address index behind a striped ("big-reader") lock.
 //!
-//! Readers lock only their own stripe (one per thread slot, modulo [`STRIPES`]), so threads that
-//! look regions up never write a shared cache line; a writer locks every stripe in order. Only
-//! the cache's miss/retire paths write, and only while holding the cache's miss lock.
+//! Readers lock only their own stripe (one per thread slot, modulo the stripes: one per CPU, at
+//! most [`STRIPES`]), so threads that look regions up never write a shared cache line; a writer
+//! locks every stripe in order. Only the cache's miss/retire paths write, and only while holding
+//! the cache's miss lock.
 #![allow(unsafe_code)] // The index lives in an UnsafeCell guarded by the stripes.
 
 use std::cell::UnsafeCell;
@@ -11,7 +12,9 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use super::entry::Entry;
 
-/// Number of reader stripes.
+/// At most this many reader stripes: one per CPU the process may run on, up to this. More
+/// stripes than CPUs spread no reader further and make every write (a miss's publish, a
+/// retire) lock and unlock more of them.
 pub(super) const STRIPES: usize = 16;
 
 /// Live regions by start address; they never overlap.
@@ -45,7 +48,7 @@ impl<K> std::ops::Deref for ReadGuard<'_, K> {
 }
 
 pub(super) struct WriteGuard<'a, K> {
-    _g: Vec<RwLockWriteGuard<'a, ()>>,
+    _g: [Option<RwLockWriteGuard<'a, ()>>; STRIPES],
     index: &'a mut Index<K>,
 }
 
@@ -64,14 +67,17 @@ impl<K> std::ops::DerefMut for WriteGuard<'_, K> {
 impl<K> Lookup<K> {
     pub(super) fn new() -> Self {
         Lookup {
-            stripes: (0..STRIPES).map(|_| Stripe(RwLock::new(()))).collect(),
+            stripes: (0..std::thread::available_parallelism().map_or(STRIPES, |n| n.get()))
+                .take(STRIPES)
+                .map(|_| Stripe(RwLock::new(())))
+                .collect(),
             index: UnsafeCell::new(BTreeMap::new()),
         }
     }
 
-    /// Read access through stripe `stripe % STRIPES`.
+    /// Read access through stripe `stripe` modulo the number of stripes.
     pub(super) fn read(&self, stripe: usize) -> ReadGuard<'_, K> {
-        let g = self.stripes[stripe % STRIPES]
+        let g = self.stripes[stripe % self.stripes.len()]
             .0
             .read()
             .unwrap_or_else(|p| p.into_inner());
@@ -81,12 +87,13 @@ impl<K> Lookup<K> {
     }
 
     /// Exclusive access: every stripe, in order (callers hold the cache's miss lock, so writers
-    /// never race each other for the stripes).
+    /// never race each other for the stripes). The guards live in an array: no allocation on a
+    /// miss for them.
     pub(super) fn write(&self) -> WriteGuard<'_, K> {
-        let mut guards = Vec::with_capacity(STRIPES);
-        for s in self.stripes.iter() {
-            guards.push(s.0.write().unwrap_or_else(|p| p.into_inner()));
-        }
+        let guards: [_; STRIPES] = std::array::from_fn(|i| {
+            let s = self.stripes.get(i)?;
+            Some(s.0.write().unwrap_or_else(|p| p.into_inner()))
+        });
         // SAFETY: every stripe is write-locked: no reader and no other writer exists.
         let index = unsafe { &mut *self.index.get() };
         WriteGuard { _g: guards, index }
