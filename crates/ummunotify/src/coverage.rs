@@ -12,6 +12,106 @@ use std::collections::BTreeMap;
 /// Every Linux page size is a multiple of this; ranges must be aligned to it at least.
 const MIN_PAGE_SIZE: u64 = 4096;
 
+/// Page ranges an operation reports, sorted: up to [`INLINE`] in place, more on the heap.
+///
+/// A cache miss on fresh memory adds one range to three coverages (the registry's, the
+/// watcher's, the context's) and asks one for its gaps; each answer is one range. A `Vec` for
+/// each was a `malloc`/`free` pair apiece on every miss (issue 23).
+#[derive(Clone, Default)]
+pub(crate) struct Ranges {
+    inline: [(u64, u64); INLINE],
+    len: usize,
+    /// Every range, once there are more than [`INLINE`] (then `inline` is unused).
+    spill: Vec<(u64, u64)>,
+}
+
+/// Ranges a [`Ranges`] holds without allocating.
+const INLINE: usize = 4;
+
+impl Ranges {
+    fn one(start: u64, end: u64) -> Ranges {
+        let mut r = Ranges::default();
+        r.push((start, end));
+        r
+    }
+
+    pub(crate) fn push(&mut self, range: (u64, u64)) {
+        if self.spill.is_empty() && self.len < INLINE {
+            self.inline[self.len] = range;
+            self.len += 1;
+            return;
+        }
+        if self.spill.is_empty() {
+            self.spill.extend_from_slice(&self.inline[..self.len]);
+        }
+        self.spill.push(range);
+    }
+
+    /// The last range, to extend in place.
+    fn last_mut(&mut self) -> Option<&mut (u64, u64)> {
+        if self.spill.is_empty() {
+            self.inline[..self.len].last_mut()
+        } else {
+            self.spill.last_mut()
+        }
+    }
+}
+
+impl std::ops::Deref for Ranges {
+    type Target = [(u64, u64)];
+    fn deref(&self) -> &[(u64, u64)] {
+        if self.spill.is_empty() {
+            &self.inline[..self.len]
+        } else {
+            &self.spill
+        }
+    }
+}
+
+impl std::fmt::Debug for Ranges {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+impl PartialEq for Ranges {
+    fn eq(&self, other: &Ranges) -> bool {
+        **self == **other
+    }
+}
+
+impl PartialEq<Vec<(u64, u64)>> for Ranges {
+    fn eq(&self, other: &Vec<(u64, u64)>) -> bool {
+        **self == **other
+    }
+}
+
+/// The ranges of a [`Ranges`], by value.
+pub(crate) struct RangesIter {
+    ranges: Ranges,
+    next: usize,
+}
+
+impl Iterator for RangesIter {
+    type Item = (u64, u64);
+    fn next(&mut self) -> Option<(u64, u64)> {
+        let r = self.ranges.get(self.next).copied();
+        self.next += 1;
+        r
+    }
+}
+
+impl IntoIterator for Ranges {
+    type Item = (u64, u64);
+    type IntoIter = RangesIter;
+    fn into_iter(self) -> RangesIter {
+        RangesIter {
+            ranges: self,
+            next: 0,
+        }
+    }
+}
+
 /// A run of pages `[key, end)` that all have the same non-zero count.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Segment {
@@ -42,17 +142,17 @@ impl Coverage {
     ///
     /// Returns the maximal ranges whose count went 0 → 1, sorted: these must be registered with
     /// the kernel. O(log n + runs touched).
-    pub(crate) fn add(&mut self, start: u64, end: u64) -> Vec<(u64, u64)> {
+    pub(crate) fn add(&mut self, start: u64, end: u64) -> Ranges {
         debug_assert_valid(start, end);
         if start >= end {
-            return Vec::new();
+            return Ranges::default();
         }
         if self.add_isolated(start, end) {
-            return vec![(start, end)];
+            return Ranges::one(start, end);
         }
         self.split_at(start);
         self.split_at(end);
-        let mut gaps = Vec::new();
+        let mut gaps = Ranges::default();
         let mut pos = start;
         for (&s, run) in self.runs.range_mut(start..end) {
             if pos < s {
@@ -66,7 +166,7 @@ impl Coverage {
         if pos < end {
             gaps.push((pos, end));
         }
-        for &(s, e) in &gaps {
+        for &(s, e) in gaps.iter() {
             self.runs.insert(s, Segment { end: e, count: 1 });
         }
         self.coalesce(start, end);
@@ -79,17 +179,17 @@ impl Coverage {
     /// `add(s, e)` immediately followed by `remove(s, e)` returns the same ranges as the `add`,
     /// and restores the previous state (rollback). Pages of the range with count 0 (a caller
     /// bug, caught by a debug assertion) are left at 0. O(log n + runs touched).
-    pub(crate) fn remove(&mut self, start: u64, end: u64) -> Vec<(u64, u64)> {
+    pub(crate) fn remove(&mut self, start: u64, end: u64) -> Ranges {
         debug_assert_valid(start, end);
         if start >= end {
-            return Vec::new();
+            return Ranges::default();
         }
         if self.remove_from_single(start, end) {
-            return vec![(start, end)];
+            return Ranges::one(start, end);
         }
         self.split_at(start);
         self.split_at(end);
-        let mut freed: Vec<(u64, u64)> = Vec::new();
+        let mut freed = Ranges::default();
         let mut emptied: Vec<u64> = Vec::new();
         let mut pos = start;
         for (&s, run) in self.runs.range_mut(start..end) {
@@ -117,8 +217,8 @@ impl Coverage {
     }
 
     /// The parts of `[start, end)` with count 0 (not covered), sorted and maximal.
-    pub(crate) fn uncovered(&self, start: u64, end: u64) -> Vec<(u64, u64)> {
-        let mut out = Vec::new();
+    pub(crate) fn uncovered(&self, start: u64, end: u64) -> Ranges {
+        let mut out = Ranges::default();
         if start >= end {
             return out;
         }
@@ -327,6 +427,20 @@ fn debug_assert_valid(start: u64, end: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ranges_spill_past_the_inline_ones_in_order() {
+        let mut r = Ranges::default();
+        let want: Vec<(u64, u64)> = (0..7).map(|i| (i * 10, i * 10 + 5)).collect();
+        for (i, &x) in want.iter().enumerate() {
+            r.push(x);
+            assert_eq!(&*r, &want[..=i]);
+        }
+        *r.last_mut().unwrap() = (60, 70);
+        assert_eq!(r.last(), Some(&(60, 70)));
+        assert_eq!(r.clone().into_iter().count(), 7);
+        assert_eq!(Ranges::default().into_iter().next(), None);
+    }
 
     #[test]
     fn covered_parts() {

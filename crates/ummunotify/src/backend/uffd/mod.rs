@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Once, Weak};
 
 use super::table::{Place, SinkTable};
 use super::{BackendReport, Delivery, Invalidation, Watcher};
-use crate::coverage::Coverage;
+use crate::coverage::{Coverage, Ranges};
 use crate::sink::Sink;
 use crate::{Error, Unsupported};
 use sys::feature;
@@ -346,8 +346,8 @@ pub(crate) fn watcher(ctx: Arc<Context>) -> Box<dyn Watcher> {
 }
 
 /// The parts of `[start, end)` that `c` covers.
-fn covered(c: &Coverage, start: u64, end: u64) -> Vec<(u64, u64)> {
-    let mut out = Vec::new();
+fn covered(c: &Coverage, start: u64, end: u64) -> Ranges {
+    let mut out = Ranges::default();
     let mut pos = start;
     for (s, e) in c.uncovered(start, end) {
         if pos < s {
