@@ -13,6 +13,9 @@
 //! * `register_unregister` — one page vs mlock + munlock;
 //! * `munmap_registered_4k` / `madvise_registered_4k` — vs the same call on an unregistered
 //!   page, back to back (interleaved) and `_cold` (after 2 ms idle each);
+//! * `munmap_registered_4k_vs_floor` / `madvise_registered_4k_vs_floor` — the same registered
+//!   call (back to back) vs the kernel work the backend's design can not skip, made directly
+//!   (`crate::floors`: a userfaultfd round trip, an unregister with signals blocked, ...);
 //! * `libc_munmap_unregistered_4k` / `libc_madvise_unregistered_4k` — libc's call on an
 //!   unregistered page vs the raw syscall on another (interleaved): what a backend's hooks add to
 //!   every libc call, registered or not (issue 11's +30 ns; about 1.0 where nothing is hooked);
@@ -36,6 +39,7 @@ use ummunotify::{Backend, Cookie, Notifier};
 use ummunotify_testkit::changes::json_string;
 
 use crate::bench::{median, paired, touch, unmap};
+use crate::floors::{self, Floor};
 
 fn map(len: usize) -> usize {
     crate::bench::map(len, 0)
@@ -56,6 +60,8 @@ pub const ROWS: &[&str] = &[
     "munmap_registered_4k_cold",
     "madvise_registered_4k",
     "madvise_registered_4k_cold",
+    "munmap_registered_4k_vs_floor",
+    "madvise_registered_4k_vs_floor",
     "libc_munmap_unregistered_4k",
     "libc_madvise_unregistered_4k",
     "getpid_other_process",
@@ -320,6 +326,10 @@ fn measure(name: &str, backend: Backend, quick: bool) -> Result<Vec<Row>, String
     // (back to back only) the raw syscall on a third page. Each page is a VMA of its own.
     let mut t = [(); 8].map(|_| Vec::new());
     let (mut raw_madvise, mut raw_munmap) = (Vec::new(), Vec::new());
+    // The kernel floor of the registered calls (back to back only), right after them.
+    let floor = Floor::of(name);
+    let probe = floors::Probe::new(floor)?;
+    let (mut floor_madvise, mut floor_munmap) = (Vec::new(), Vec::new());
     for i in 0..cycles {
         let cold = i % 8 == 0;
         let (a, b, w) = (lone_page(), lone_page(), lone_page());
@@ -346,6 +356,9 @@ fn measure(name: &str, backend: Backend, quick: bool) -> Result<Vec<Row>, String
         if !cold && !raw_first {
             raw_madvise.push(ns(|| raw(libc::SYS_madvise, w, libc::MADV_DONTNEED)));
         }
+        if !cold {
+            floor_madvise.push(probe.madvise()?);
+        }
         n.unregister(Cookie(cookie)).map_err(e)?;
         touch(a, PG);
         cookie += 1;
@@ -365,6 +378,9 @@ fn measure(name: &str, backend: Backend, quick: bool) -> Result<Vec<Row>, String
             unmap(w, PG);
         } else if !raw_first {
             raw_munmap.push(ns(|| raw(libc::SYS_munmap, w, 0)));
+        }
+        if !cold {
+            floor_munmap.push(probe.munmap()?);
         }
         n.unregister(Cookie(cookie)).map_err(e)?;
     }
@@ -395,6 +411,21 @@ fn measure(name: &str, backend: Backend, quick: bool) -> Result<Vec<Row>, String
         cdr,
         "madvise_unregistered_4k_cold",
         cdu,
+        "ns",
+    );
+    probe.finish()?;
+    row(
+        "munmap_registered_4k_vs_floor",
+        mr,
+        &floor.name("munmap"),
+        median(floor_munmap),
+        "ns",
+    );
+    row(
+        "madvise_registered_4k_vs_floor",
+        dr,
+        &floor.name("madvise"),
+        median(floor_madvise),
         "ns",
     );
     row(

@@ -549,44 +549,10 @@ fn miss_vs_floor(batches: usize, per: usize) -> Result<MissFloor, Box<dyn std::e
         name_addr: u64,
         build_id_addr: u64,
     }
-    #[repr(C)]
-    struct Api {
-        api: u64,
-        features: u64,
-        ioctls: u64,
-    }
-    #[repr(C)]
-    struct Register {
-        start: u64,
-        len: u64,
-        mode: u64,
-        ioctls: u64,
-    }
-    const UFFDIO_API: libc::c_ulong = 0xc018_aa3f;
-    const UFFDIO_REGISTER: libc::c_ulong = 0xc020_aa00;
-    const MODE_WP: u64 = 2;
-    // EVENT_REMAP | EVENT_REMOVE | EVENT_UNMAP, as the library asks for.
-    const FEATURES: u64 = (1 << 3) | (1 << 4) | (1 << 6);
     let pg = page();
     let n = batches * per;
-    // SAFETY: userfaultfd with flags only; the fd is owned below.
-    let raw =
-        unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) as i32 };
-    if raw < 0 {
-        return Err(format!("userfaultfd: {}", std::io::Error::last_os_error()).into());
-    }
-    // SAFETY: a new fd nothing else owns; closed when dropped (on an error path too).
-    let owned = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) };
-    let uffd = std::os::fd::AsRawFd::as_raw_fd(&owned);
-    let mut api = Api {
-        api: 0xaa,
-        features: FEATURES,
-        ioctls: 0,
-    };
-    // SAFETY: UFFDIO_API reads and writes one struct.
-    if unsafe { libc::ioctl(uffd, UFFDIO_API, &mut api) } != 0 {
-        return Err(format!("UFFDIO_API: {}", std::io::Error::last_os_error()).into());
-    }
+    // The library's events and WP_ASYNC, non-blocking: nobody reads its messages.
+    let uffd = crate::floors::RawUffd::open(true)?;
     let maps = std::fs::File::open("/proc/self/maps")?;
     let floor_arena = map(2 * n * pg, 0);
     let miss_arena = map(2 * n * pg, 0);
@@ -596,19 +562,10 @@ fn miss_vs_floor(batches: usize, per: usize) -> Result<MissFloor, Box<dyn std::e
         let (mut reg, mut sync, mut mask, mut query) = (0u128, 0u128, 0u128, 0u128);
         for i in 0..per {
             let at = floor_arena + 2 * (b * per + i) * pg;
-            let mut r = Register {
-                start: at as u64,
-                len: pg as u64,
-                mode: MODE_WP,
-                ioctls: 0,
-            };
             let t = Instant::now();
-            // SAFETY: registers a page of our own mapping with our own context.
-            let rc = unsafe { libc::ioctl(uffd, UFFDIO_REGISTER, &mut r) };
+            let rc = uffd.register(at);
             reg += t.elapsed().as_nanos();
-            if rc != 0 {
-                return Err(format!("UFFDIO_REGISTER: {}", std::io::Error::last_os_error()).into());
-            }
+            rc?;
             let t = Instant::now();
             // SAFETY: msync with flags 0 only checks the range is mapped.
             unsafe { libc::msync(at as *mut libc::c_void, pg, 0) };
@@ -659,7 +616,7 @@ fn miss_vs_floor(batches: usize, per: usize) -> Result<MissFloor, Box<dyn std::e
     drop(cache);
     // The context first: it asked for unmap events, and nobody reads them here, so a munmap of
     // pages it still watches would wait for a reader forever.
-    drop(owned);
+    drop(uffd);
     unmap(floor_arena, 2 * n * pg);
     unmap(miss_arena, 2 * n * pg);
     Ok(MissFloor {

@@ -9,6 +9,7 @@ mod bench_c;
 mod bench_ebpf;
 mod demo;
 mod designs;
+mod floors;
 
 const USAGE: &str = "\
 usage: umn <command>
