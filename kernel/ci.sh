@@ -27,18 +27,8 @@ mkdir -p "$out"
 say() { printf 'kernel/ci.sh: %s\n' "$*" >&2; }
 
 # 1. What the build and the VM need (Debian's packages; qemu-system must come from them).
-need=()
-for pkg in linux-source-6.1 qemu-system-x86 bc flex bison libelf-dev libssl-dev cpio xz-utils \
-    busybox-static gcc make python3; do
-    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || need+=("$pkg")
-done
-if [ ${#need[@]} -gt 0 ]; then
-    say "installing ${need[*]}"
-    # .ci/run may have updated the package lists already: update only if the install fails.
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get install -y -qq --no-install-recommends "${need[@]}" ||
-        { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${need[@]}"; }
-fi
+. "$repo/kernel/lib.sh"
+apt_need "${GUEST_PACKAGES[@]}"
 
 # 2. The kernel (cached) and the module, built against it.
 kdir=$(bash "$repo/kernel/build-kernel.sh" | tail -n 1)

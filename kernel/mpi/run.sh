@@ -41,19 +41,11 @@ seconds=${UMN_MPI_SECONDS:-$seconds_default}
 timeout_s=${UMN_MPI_TIMEOUT:-1800}
 
 # 1. Packages: the kernel build and QEMU (as kernel/rxe/run.sh), rdma-core, libfabric, Open MPI.
-need=()
-for pkg in linux-source-6.1 qemu-system-x86 bc flex bison libelf-dev libssl-dev cpio xz-utils \
-    busybox-static gcc make python3 iproute2 libibverbs-dev ibverbs-providers ibverbs-utils \
+. "$repo/kernel/lib.sh"
+# shellcheck disable=SC2046 # the MPICH packages: none, or two words
+apt_need "${GUEST_PACKAGES[@]}" iproute2 libibverbs-dev ibverbs-providers ibverbs-utils \
     rdmacm-utils libfabric-dev openmpi-bin libopenmpi-dev dpkg-dev pkg-config \
-    $(case ",$jobs," in *,mpich-*) echo mpich libmpich-dev ;; esac); do
-    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || need+=("$pkg")
-done
-if [ ${#need[@]} -gt 0 ]; then
-    say "installing ${need[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get install -y -qq --no-install-recommends "${need[@]}" ||
-        { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${need[@]}"; }
-fi
+    $(case ",$jobs," in *,mpich-*) echo mpich libmpich-dev ;; esac)
 
 # 2. The kernel (cached; the one kernel/rxe/run.sh boots).
 kdir=$(bash "$repo/kernel/build-kernel.sh" | tail -n 1)

@@ -23,18 +23,8 @@ lap() { say "$1 after $(( $(date +%s) - t0 )) s"; }
 trap 'say "FAIL at line $LINENO: $BASH_COMMAND (exit $?)"' ERR
 
 # 1. Packages: the kernel build and QEMU (as kernel/ci.sh), and the RDMA userland the guest runs.
-need=()
-for pkg in linux-source-6.1 qemu-system-x86 bc flex bison libelf-dev libssl-dev cpio xz-utils \
-    busybox-static gcc make python3 iproute2 libibverbs-dev ibverbs-providers libfabric-dev \
-    libucx-dev; do
-    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || need+=("$pkg")
-done
-if [ ${#need[@]} -gt 0 ]; then
-    say "installing ${need[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get install -y -qq --no-install-recommends "${need[@]}" ||
-        { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${need[@]}"; }
-fi
+. "$repo/kernel/lib.sh"
+apt_need "${GUEST_PACKAGES[@]}" iproute2 libibverbs-dev ibverbs-providers libfabric-dev libucx-dev
 
 # 2. The kernel (cached; the one kernel/ci.sh boots) and the module built against it.
 kdir=$(bash "$repo/kernel/build-kernel.sh" | tail -n 1)

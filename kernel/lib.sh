@@ -1,0 +1,21 @@
+# Shell helpers the guest scripts share (kernel/ci.sh, kernel/rxe/run.sh, kernel/mpi/run.sh):
+# sourced, never run. The caller defines say().
+
+# apt_need PKG...: installs the Debian packages of the list that are not installed yet.
+# .ci/run may have updated the package lists already: update only if the install fails.
+apt_need() {
+    local need=() pkg
+    for pkg in "$@"; do
+        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || need+=("$pkg")
+    done
+    [ ${#need[@]} -gt 0 ] || return 0
+    say "installing ${need[*]}"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" ||
+        { apt-get update -qq &&
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}"; }
+}
+
+# The packages every guest script needs: the kernel build and QEMU (qemu-system must come from
+# Debian's packages), busybox for the initramfs.
+GUEST_PACKAGES=(linux-source-6.1 qemu-system-x86 bc flex bison libelf-dev libssl-dev cpio xz-utils
+    busybox-static gcc make python3)
