@@ -74,17 +74,8 @@ ko="$out/module/ummunotify.ko"
 cargo build -q --release -p ummunotify-compat -p ummunotify-capi -p umn
 rel="$repo/target/release"
 # The two Rust test binaries the guest runs, built by one cargo call; their paths from its JSON.
-cargo test -q --release -p ummunotify --test kernel_backend --test remove_race --no-run \
-    --message-format=json | python3 -c 'import json, sys
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("executable") and m.get("target", {}).get("name") in ("kernel_backend", "remove_race"):
-        print(m["target"]["name"], m["executable"])' >"$out/test-binaries.txt"
-for t in kernel_backend remove_race; do
-    bin=$(sed -n "s/^$t //p" "$out/test-binaries.txt")
-    [ -x "$bin" ] || { say "no $t test binary"; exit 1; }
-    cp "$bin" "$out/$t"
-done
+test_binaries "$out" kernel_backend remove_race -- -p ummunotify --test kernel_backend \
+    --test remove_race
 cflags=(-std=gnu11 -Wall -Wextra -Werror -O2 -g -pthread)
 gcc "${cflags[@]}" -I crates/ummunotify-compat/tests/c -I kernel/guest \
     kernel/guest/abi2010-suite.c -o "$out/abi2010-suite"

@@ -36,17 +36,8 @@ lap "kernel and module"
 # 3. The Rust test binaries and the libraries (release), the C programs.
 cargo build -q --release -p ummunotify-capi -p ummunotify-fabric
 rel="$repo/target/release"
-cargo test -q --release -p ummunotify --test verbs_rxe -p ummunotify-fabric --test mr_reg \
-    --no-run --message-format=json | python3 -c 'import json, sys
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("executable") and m.get("target", {}).get("name") in ("verbs_rxe", "mr_reg"):
-        print(m["target"]["name"], m["executable"])' >"$out/test-binaries.txt"
-for t in verbs_rxe mr_reg; do
-    bin=$(sed -n "s/^$t //p" "$out/test-binaries.txt")
-    [ -x "$bin" ] || { say "no $t test binary"; exit 1; }
-    cp "$bin" "$out/$t"
-done
+test_binaries "$out" verbs_rxe mr_reg -- -p ummunotify --test verbs_rxe -p ummunotify-fabric \
+    --test mr_reg
 cflags=(-std=gnu11 -Wall -Wextra -Werror -O2 -g -pthread -I kernel/rxe -I include
     -I crates/ummunotify-fabric/include)
 libs=(-L "$rel" -Wl,-rpath,/lib)
