@@ -360,7 +360,11 @@ fn measure(name: &str, backend: Backend, quick: bool) -> Result<Vec<Row>, String
             floor_madvise.push(probe.madvise()?);
         }
         n.unregister(Cookie(cookie)).map_err(e)?;
+        // Every page the munmaps below remove holds a page again: the madvises above dropped
+        // them, and a munmap that frees a page does more kernel work than one that frees none.
         touch(a, PG);
+        touch(b, PG);
+        touch(w, PG);
         cookie += 1;
         n.register(a..a + PG, Cookie(cookie)).map_err(e)?;
         if cold {
