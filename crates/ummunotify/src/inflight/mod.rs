@@ -229,6 +229,25 @@ pub(crate) fn now_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// The decimal digits of `v`, NUL-padded.
+fn itoa_digits(mut v: u32) -> [u8; 11] {
+    let mut rev = [0u8; 10];
+    let mut n = 0;
+    loop {
+        rev[n] = b'0' + (v % 10) as u8;
+        n += 1;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    let mut out = [0u8; 11];
+    for k in 0..n {
+        out[k] = rev[n - 1 - k];
+    }
+    out
+}
+
 // --- The table -------------------------------------------------------------------------------
 
 /// A thread that may be the sender of a `REMOVE`, and the range its call names.

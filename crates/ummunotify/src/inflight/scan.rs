@@ -48,21 +48,8 @@ impl Scanner {
     /// A worker that is running, or blocked anywhere else, is not.
     pub(crate) fn worker_idle(&self, tid: i32) -> bool {
         let Some(dir) = &self.dir else { return false };
-        let mut name = [0u8; 12];
-        let mut len = 0;
-        let mut digits = [0u8; 12];
-        let mut v = tid as u32;
-        loop {
-            digits[len] = b'0' + (v % 10) as u8;
-            len += 1;
-            v /= 10;
-            if v == 0 {
-                break;
-            }
-        }
-        for k in 0..len {
-            name[k] = digits[len - 1 - k];
-        }
+        let name = itoa_digits(tid as u32);
+        let len = name.iter().position(|&d| d == 0).unwrap_or(name.len());
         look_at_worker(dir.as_raw_fd(), &name[..len]) != WorkerLook::Busy
     }
 

@@ -212,25 +212,6 @@ pub(super) fn in_unguarded_handler(tid: i32, on_stack: u64, ours: i32) -> bool {
     blocked & on_stack != 0 && blocked & (1 << (ours - 1)) == 0
 }
 
-/// The decimal digits of `v`, NUL-padded.
-pub(super) fn itoa_digits(mut v: u32) -> [u8; 11] {
-    let mut rev = [0u8; 10];
-    let mut n = 0;
-    loop {
-        rev[n] = b'0' + (v % 10) as u8;
-        n += 1;
-        v /= 10;
-        if v == 0 {
-            break;
-        }
-    }
-    let mut out = [0u8; 11];
-    for k in 0..n {
-        out[k] = rev[n - 1 - k];
-    }
-    out
-}
-
 /// A handler, its flags and the kernel's part of its mask (signals 1 to 64: glibc copies only
 /// those into a `sigset_t` it returns, the rest of the 128 bytes is whatever was there), hashed
 /// (FNV-1a; never 0).
