@@ -212,7 +212,7 @@ const PG: usize = 4096;
 /// so the rows that compare munmaps of two pages compare the same kernel work (removing a whole
 /// VMA) and differ only in what the backend adds, not in whether the kernel had to split or
 /// trim a VMA that neighbouring pages share.
-fn lone_page() -> usize {
+pub(crate) fn lone_page() -> usize {
     let p = map(2 * PG);
     unmap(p + PG, PG);
     p

@@ -571,14 +571,7 @@ fn miss_vs_floor(batches: usize, per: usize) -> Result<MissFloor, Box<dyn std::e
             unsafe { libc::msync(at as *mut libc::c_void, pg, 0) };
             sync += t.elapsed().as_nanos();
             let t = Instant::now();
-            // SAFETY: blocks every signal, then restores the old mask.
-            unsafe {
-                let mut all: libc::sigset_t = std::mem::zeroed();
-                let mut old: libc::sigset_t = std::mem::zeroed();
-                libc::sigfillset(&mut all);
-                libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
-                libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
-            }
+            crate::floors::restore_signals(&crate::floors::block_signals());
             mask += t.elapsed().as_nanos();
             let mut q = Query {
                 size: std::mem::size_of::<Query>() as u64,

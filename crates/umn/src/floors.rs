@@ -20,7 +20,8 @@ use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::bench::{map, touch, unmap};
+use crate::backends::lone_page;
+use crate::bench::{touch, unmap};
 
 const PG: usize = 4096;
 
@@ -134,14 +135,8 @@ impl Probe {
     }
 }
 
-/// A page that is a VMA of its own (as the rows' pages are: every munmap removes a whole VMA).
-fn lone_page() -> usize {
-    let p = map(2 * PG, 0);
-    unmap(p + PG, PG);
-    p
-}
-
-fn block_signals() -> libc::sigset_t {
+/// Blocks every signal of this thread; returns the old mask (for [`restore_signals`]).
+pub(crate) fn block_signals() -> libc::sigset_t {
     // SAFETY: plain sigset_t values; blocks every signal of this thread, keeping the old mask.
     unsafe {
         let mut all: libc::sigset_t = std::mem::zeroed();
@@ -152,7 +147,7 @@ fn block_signals() -> libc::sigset_t {
     }
 }
 
-fn restore_signals(old: &libc::sigset_t) {
+pub(crate) fn restore_signals(old: &libc::sigset_t) {
     // SAFETY: restores a mask `block_signals` returned.
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, old, std::ptr::null_mut()) };
 }
@@ -184,7 +179,7 @@ const UFFDIO_REGISTER: libc::c_ulong = 0xc020_aa00;
 const UFFDIO_UNREGISTER: libc::c_ulong = 0x8010_aa01;
 const MODE_WP: u64 = 2;
 /// EVENT_REMAP | EVENT_REMOVE | EVENT_UNMAP.
-pub(crate) const EVENTS: u64 = (1 << 3) | (1 << 4) | (1 << 6);
+const EVENTS: u64 = (1 << 3) | (1 << 4) | (1 << 6);
 const WP_ASYNC: u64 = 1 << 15;
 
 impl RawUffd {
@@ -216,7 +211,7 @@ impl RawUffd {
         Ok((RawUffd { fd }, api.features))
     }
 
-    pub(crate) fn fd(&self) -> i32 {
+    fn fd(&self) -> i32 {
         self.fd.as_raw_fd()
     }
 
