@@ -400,8 +400,7 @@ impl Watcher for UffdWatcher {
         // The whole range, even pages already counted: a watch lost with an unmap may have been
         // replaced by a new mapping since (watching is idempotent on one context).
         self.ctx.inner.uffd.watch(start, end).map_err(watch_error)?;
-        for (s, e) in mine.uncovered(start, end) {
-            mine.add(s, e);
+        for (s, e) in mine.fill(start, end) {
             all.add(s, e);
         }
         Ok(())
