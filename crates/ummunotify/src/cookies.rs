@@ -2,9 +2,12 @@
 //!
 //! Every region's slot already holds its cookie, so the table is an open-addressing array of
 //! 32-bit slot ids (linear probing, backward-shift deletion, no tombstones) and compares cookies
-//! by reading them from the slots through the caller's `cookie_of`. At most 3/4 full, growing by
-//! half: 4/load bytes per region, 5.3–8 with 1,000,000 regions, against 16/load plus control
-//! bytes for a `HashMap<u64, u32>`.
+//! by reading them from the slots through the caller's `cookie_of`. Beside each id, one byte of
+//! its cookie's hash: a probe reads a slot (a cache miss into the slot table) only where that
+//! byte matches, so a search for a cookie that is not there (every registration's duplicate
+//! check) stays in this array (issue 23: at 3/4 full such a search passes ~8 ids). At most 3/4
+//! full, growing by half: 5/load bytes per region, 6.7–10 with 1,000,000 regions, against
+//! 16/load plus control bytes for a `HashMap<u64, u32>`.
 //!
 //! Runs under the registry lock only (user threads), so it may allocate.
 
@@ -15,15 +18,45 @@ const EMPTY: u32 = u32::MAX;
 #[derive(Debug, Default)]
 pub(crate) struct CookieTable {
     ids: Vec<u32>,
+    /// The low byte of `mix(cookie)` of the id beside it (anything where the id is `EMPTY`).
+    tags: Vec<u8>,
     len: usize,
 }
 
 /// A 64-bit mix of the cookie (splitmix64's finaliser): cookies are often sequential.
-fn mix(c: u64) -> u64 {
+pub(crate) fn mix(c: u64) -> u64 {
     let mut z = c.wrapping_add(0x9e37_79b9_7f4a_7c15);
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^ (z >> 31)
+}
+
+/// A `HashMap` keyed by cookies with [`mix`] for a hash: keys are a process's own cookies, so
+/// there is nothing to defend against, and SipHash cost a cache miss about as much as the
+/// insertion itself (issue 23).
+pub(crate) type CookieMap<V> = std::collections::HashMap<u64, V, BuildMix>;
+
+/// The [`CookieMap`] hasher's builder.
+pub(crate) type BuildMix = std::hash::BuildHasherDefault<MixHasher>;
+
+/// Hashes one `u64` with [`mix`] (other input is folded in byte by byte, then mixed).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct MixHasher(u64);
+
+impl std::hash::Hasher for MixHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 ^= n;
+    }
+
+    fn finish(&self) -> u64 {
+        mix(self.0)
+    }
 }
 
 impl CookieTable {
@@ -31,6 +64,7 @@ impl CookieTable {
     pub(crate) const fn new() -> Self {
         CookieTable {
             ids: Vec::new(),
+            tags: Vec::new(),
             len: 0,
         }
     }
@@ -40,22 +74,31 @@ impl CookieTable {
         self.len
     }
 
-    /// Home position of `cookie` in a table of `cap` positions (`cap > 0`).
-    fn home(cookie: u64, cap: usize) -> usize {
-        ((u128::from(mix(cookie)) * cap as u128) >> 64) as usize
+    /// Home position of a cookie whose mix is `m` in a table of `cap` positions (`cap > 0`):
+    /// from the high bits, so the tag (the low byte) says nothing about the position.
+    fn home(m: u64, cap: usize) -> usize {
+        ((u128::from(m) * cap as u128) >> 64) as usize
     }
 
     /// The position holding `cookie`, or the empty one where it would go.
     fn probe(&self, cookie: u64, cookie_of: &impl Fn(u32) -> u64) -> Result<usize, usize> {
         let cap = self.ids.len();
-        let mut i = Self::home(cookie, cap);
+        let m = mix(cookie);
+        let tag = m as u8;
+        let mut i = Self::home(m, cap);
         loop {
             match self.ids[i] {
                 EMPTY => return Err(i),
-                id if cookie_of(id) == cookie => return Ok(i),
+                id if self.tags[i] == tag && cookie_of(id) == cookie => return Ok(i),
                 _ => i = if i + 1 == cap { 0 } else { i + 1 },
             }
         }
+    }
+
+    /// Puts `id` (whose cookie mixes to `m`) at `i`.
+    fn put(&mut self, i: usize, id: u32, m: u64) {
+        self.ids[i] = id;
+        self.tags[i] = m as u8;
     }
 
     /// The id registered under `cookie`.
@@ -72,8 +115,9 @@ impl CookieTable {
         if (self.len + 1) * 4 > self.ids.len() * 3 {
             self.grow(&cookie_of);
         }
-        match self.probe(cookie_of(id), &cookie_of) {
-            Err(i) => self.ids[i] = id,
+        let cookie = cookie_of(id);
+        match self.probe(cookie, &cookie_of) {
+            Err(i) => self.put(i, id, mix(cookie)),
             Ok(_) => debug_assert!(false, "cookie of {id} already in the table"),
         }
         self.len += 1;
@@ -96,7 +140,7 @@ impl CookieTable {
             if other == EMPTY {
                 break;
             }
-            let home = Self::home(cookie_of(other), cap);
+            let home = Self::home(mix(cookie_of(other)), cap);
             let stays = if hole <= j {
                 hole < home && home <= j
             } else {
@@ -104,6 +148,7 @@ impl CookieTable {
             };
             if !stays {
                 self.ids[hole] = other;
+                self.tags[hole] = self.tags[j];
                 hole = j;
             }
         }
@@ -127,9 +172,11 @@ impl CookieTable {
     /// Moves every id into a table of `cap` positions.
     fn rehash(&mut self, cap: usize, cookie_of: &impl Fn(u32) -> u64) {
         let old = std::mem::replace(&mut self.ids, vec![EMPTY; cap]);
+        self.tags = vec![0; cap];
         for id in old.into_iter().filter(|&id| id != EMPTY) {
-            if let Err(i) = self.probe(cookie_of(id), cookie_of) {
-                self.ids[i] = id;
+            let cookie = cookie_of(id);
+            if let Err(i) = self.probe(cookie, cookie_of) {
+                self.put(i, id, mix(cookie));
             }
         }
     }

@@ -67,6 +67,7 @@ use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
 use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::cookies::CookieMap;
 use crate::registrar::Registrar;
 use crate::{Cookie, Event, Generation, Notifier, Region};
 use entry::Entry;
@@ -197,7 +198,7 @@ pub struct Stats {
 
 /// State behind the miss lock (never taken on the hit path, nor by the notifier's monitor).
 struct State<K> {
-    by_cookie: HashMap<u64, Arc<Entry<K>>>,
+    by_cookie: CookieMap<Arc<Entry<K>>>,
     /// CLOCK order for eviction; may hold removed entries, skipped and compacted lazily.
     clock: VecDeque<Arc<Entry<K>>>,
     /// Out of the index, waiting for their holders.
@@ -409,7 +410,7 @@ impl<R: Registrar> Cache<R> {
             lookup: Lookup::new(),
             registrar,
             state: Mutex::new(State {
-                by_cookie: HashMap::new(),
+                by_cookie: CookieMap::default(),
                 clock: VecDeque::new(),
                 retired: Vec::new(),
                 live_bytes: 0,
@@ -1042,8 +1043,11 @@ impl<R: Registrar> Cache<R> {
         // pages that are not mapped at `addr` any more), and what overlaps the union now must be
         // inside it (the planned neighbours, or regions another miss published meanwhile).
         let mut usable = self.notifier.is_valid(token);
+        // Kept for the insertion below when nothing is absorbed (the common case): one round of
+        // the stripes' write locks per miss, not two.
+        let mut checked = None;
         if usable {
-            let index = self.lookup.write();
+            let index = checked.insert(self.lookup.write());
             for (_, e) in index.range(..union.end).rev() {
                 if e.end <= union.start {
                     break;
@@ -1058,6 +1062,7 @@ impl<R: Registrar> Cache<R> {
             }
         }
         if !usable {
+            drop(checked);
             // Another miss may have published what covers the range: take it.
             let found = {
                 let index = self.lookup.read(slot.map_or(0, |s| s.stripe));
@@ -1073,11 +1078,15 @@ impl<R: Registrar> Cache<R> {
                 Ok(h)
             });
         }
-        let n_merged = self.remove(&mut st, &absorb);
-        self.merges.fetch_add(n_merged as u64, Relaxed);
+        if !absorb.is_empty() {
+            // `remove` takes the write locks itself, and fences after.
+            drop(checked.take());
+            let n_merged = self.remove(&mut st, &absorb);
+            self.merges.fetch_add(n_merged as u64, Relaxed);
+        }
         let entry = Arc::new(Entry::new(union.clone(), key, cookie, token));
         {
-            let mut index = self.lookup.write();
+            let mut index = checked.unwrap_or_else(|| self.lookup.write());
             index.insert(union.start, entry.clone());
         }
         st.by_cookie.insert(cookie.0, entry.clone());
