@@ -512,6 +512,30 @@ where
     Ok(ns)
 }
 
+/// `cache_miss_vs_floor{,4}` only, `rounds` times over (each round a fresh cache and fresh
+/// mappings, as in `run`), with the medians of the rounds' figures: the miss's one figure
+/// (issue 23) without the minutes of the whole bench. Each round's ratio goes to stderr.
+pub fn miss_rows(rounds: usize) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
+    let (mut miss, mut f3, mut f4) = (Vec::new(), Vec::new(), Vec::new());
+    for r in 0..rounds {
+        let f = miss_vs_floor(40, 50)?;
+        eprintln!(
+            "round {r}: miss {:.0} ns, floor3 {:.0} ns, ratio {:.2}",
+            f.miss,
+            f.floor3,
+            f.miss / f.floor3
+        );
+        miss.push(f.miss);
+        f3.push(f.floor3);
+        f4.push(f.floor4);
+    }
+    let (miss, f3, f4) = (median(miss), median(f3), median(f4));
+    Ok(vec![
+        row("cache_miss_vs_floor", miss, "miss_floor3", f3),
+        row("cache_miss_vs_floor4", miss, "miss_floor4", f4),
+    ])
+}
+
 /// A cache miss and its kernel floor, measured in alternating batches (medians of the batches'
 /// means, ns).
 struct MissFloor {

@@ -38,10 +38,11 @@ commands:
                      madvise of a registered and an unregistered page, the check, register +
                      unregister, a storm of N regions, each as a ratio to a baseline measured
                      in the same process just before (TSC ticks; for the guest of kernel/ci.sh)
-  bench [--json] [--ebpf]
+  bench [--json] [--ebpf | --miss]
                      cache and notifier costs as ratios to baselines measured in the same run
-                     (build with --release); --ebpf: only the eBPF backend's rows (root); each
-                     backend's munmap/madvise costs: bench --backends
+                     (build with --release); --ebpf: only the eBPF backend's rows (root);
+                     --miss: only the cache miss against its kernel floor, 10 rounds (issue 23);
+                     each backend's munmap/madvise costs: bench --backends
   bench --backends [--json] [--svg FILE]
                      every backend that starts here (and UCX 1.22's hooks + rcache) side by
                      side, each against its own baselines, in one run; --svg writes the plot
@@ -219,11 +220,13 @@ fn main() -> ExitCode {
         ["bench", rest @ ..]
             if rest
                 .iter()
-                .all(|a| matches!(*a, "--json" | "--quick" | "--ebpf")) =>
+                .all(|a| matches!(*a, "--json" | "--quick" | "--ebpf" | "--miss")) =>
         {
             let quick = rest.contains(&"--quick");
             let result = if rest.contains(&"--ebpf") {
                 bench_ebpf::rows(if quick { 200 } else { 2_000 })
+            } else if rest.contains(&"--miss") {
+                bench::miss_rows(if quick { 2 } else { 10 })
             } else {
                 bench::run(quick)
             };
