@@ -15,9 +15,11 @@ impl Notifier {
         sh.alive()?;
         let mut reg = sh.lock_registry();
         sh.settle(&mut reg)?;
-        if reg.cookies.get(cookie.0, |id| sh.cookie_of(id)).is_some() {
+        // Looked for once: the duplicate check finds where the cookie goes (the registry lock is
+        // held until the insertion below).
+        let Ok(vacancy) = reg.cookies.vacancy(cookie.0, |id| sh.cookie_of(id)) else {
             return Err(Error::DuplicateCookie(cookie));
-        }
+        };
         // The watch policy: exact pages while the VMA budget allows, else the whole VMAs. (Over
         // the budget, pages already watched are widened too: watched exactly inside a widened
         // range, they would split the coverage into a run per region, and unwatching the widened
@@ -172,7 +174,7 @@ impl Notifier {
         } else {
             reg.next_slot += 1;
         }
-        reg.cookies.insert(id, |id| sh.cookie_of(id));
+        reg.cookies.insert_at(vacancy, id, |id| sh.cookie_of(id));
         if widened(&span) {
             reg.budget.wide_regions += 1;
         }
