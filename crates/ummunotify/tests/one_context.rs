@@ -148,6 +148,54 @@ fn dropping_one_never_unwatches_pages_another_needs() {
     assert_eq!(cookies(&b), [2]);
 }
 
+/// The per-page count across notifiers is kept only while two or more live: a notifier that
+/// joins after another watches pages must count those, and one left alone must still unwatch
+/// what it stops needing. In a child process, whose context these notifiers have to themselves
+/// (the other tests' notifiers would keep the count alive).
+#[test]
+fn a_notifier_joining_or_leaving_keeps_the_counts() {
+    let code = in_child(|| {
+        let mut failures = 0;
+        let mut want = |what: &str, page: usize, watched: bool| {
+            if uffd_wp_registered(page) != watched {
+                eprintln!("{what}: page watched {}, want {watched}", !watched);
+                failures += 1;
+            }
+        };
+        let p = map_low(3 * PAGE);
+        let a = uffd();
+        a.register(p..p + 2 * PAGE, Cookie(1)).unwrap();
+        // B joins when A's pages are watched already, and shares one of them.
+        let b = uffd();
+        b.register(p + PAGE..p + 3 * PAGE, Cookie(2)).unwrap();
+        b.unregister(Cookie(2)).unwrap();
+        want("B unregistered: the page A shares", p + PAGE, true);
+        want("B unregistered: B's own page", p + 2 * PAGE, false);
+        b.register(p + PAGE..p + 3 * PAGE, Cookie(2)).unwrap();
+        a.unregister(Cookie(1)).unwrap();
+        want("A unregistered: A's own page", p, false);
+        want("A unregistered: the page B shares", p + PAGE, true);
+        // A third comes and goes, then A: B alone must still unwatch what it stops needing.
+        let c = uffd();
+        c.register(p..p + PAGE, Cookie(3)).unwrap();
+        drop(c);
+        want("C dropped: C's page", p, false);
+        drop(a);
+        let rb = b.register(p..p + PAGE, Cookie(4)).unwrap();
+        b.unregister(Cookie(2)).unwrap();
+        want("B alone, unregistered: the middle page", p + PAGE, false);
+        want("B alone, unregistered: the last page", p + 2 * PAGE, false);
+        want("B alone: its remaining page", p, true);
+        unmap(p, 3 * PAGE);
+        if b.is_valid(rb) {
+            eprintln!("B's region valid after its memory was unmapped");
+            failures += 1;
+        }
+        failures
+    });
+    assert_eq!(code, 0, "watches (see the child's stderr)");
+}
+
 #[test]
 fn unregistering_in_one_never_unwatches_pages_another_needs() {
     let (a, b) = (uffd(), uffd());

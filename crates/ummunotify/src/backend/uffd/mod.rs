@@ -175,9 +175,8 @@ pub(crate) struct Inner {
 /// refused (`EBUSY`) for pages another of ours watches, and one monitor thread that hands each
 /// message to every notifier's sink (each applies it to its own regions only).
 ///
-/// Watches are counted per page across notifiers ([`Coverage`] of the watchers watching each
-/// page): a notifier that stops watching a page unwatches it in the kernel only when no other
-/// notifier watches it. The context goes (its monitor stops, the fd closes) with the last
+/// Watches are counted per page across notifiers ([`Watches`]): a notifier that stops watching
+/// a page unwatches it in the kernel only when no other notifier watches it. The context goes (its monitor stops, the fd closes) with the last
 /// notifier on it; the next notifier opens a new one.
 pub(crate) struct Context {
     inner: Arc<Inner>,
@@ -185,8 +184,8 @@ pub(crate) struct Context {
     monitor: Mutex<Option<monitor::Monitor>>,
     /// The process that opened it (a forked child must neither join nor touch it).
     pid: i32,
-    /// Per page, how many notifiers watch it.
-    watched: Mutex<Coverage>,
+    /// The pages each notifier watches, and how many watch each page.
+    watched: Mutex<Watches>,
     /// Watchers on this context that are not hybrid: while any lives, the hooks must not remove
     /// watches (that notifier would not see the change), see [`Context::unwatch_in_hook`].
     plain: AtomicUsize,
@@ -262,7 +261,7 @@ impl Context {
             }),
             monitor: Mutex::new(None),
             pid,
-            watched: Mutex::new(Coverage::new()),
+            watched: Mutex::new(Watches::default()),
             plain: AtomicUsize::new(0),
         });
         Ok(CURRENT.with(|w| match live(w) {
@@ -301,6 +300,11 @@ impl Context {
         sys::unregister(self.inner.uffd.fd(), start, end - start).is_ok()
     }
 
+    /// The watches of every notifier on this context (the only lock on them).
+    fn watches(&self) -> MutexGuard<'_, Watches> {
+        self.watched.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn monitor_tid(&self) -> i32 {
         let m = self.monitor.lock().unwrap_or_else(|p| p.into_inner());
         m.as_ref().map_or(0, |m| m.tid())
@@ -328,14 +332,95 @@ impl Drop for Context {
     }
 }
 
-/// The userfaultfd backend of one notifier: the process's context, and the pages this notifier
-/// asked it to watch (a set: each page counts once in the context's per-page count).
+/// The pages the notifiers on one context watch.
+///
+/// Each watcher's pages are a set (a page counts once per notifier, however many of its regions
+/// hold it). The per-page count across watchers, which says whether a page a notifier stops
+/// watching is still needed, is kept only while more than one watcher lives: most processes
+/// have one notifier, and their misses then update one map, not two (issue 23).
+#[derive(Default)]
+pub(crate) struct Watches {
+    /// Per watcher (by its place), the pages it watches; empty at a free place.
+    sets: Vec<Coverage>,
+    /// Free places in `sets`.
+    free: Vec<usize>,
+    /// Per page, how many watchers watch it: `Some` exactly while more than one watcher lives.
+    all: Option<Coverage>,
+}
+
+impl Watches {
+    fn live(&self) -> usize {
+        self.sets.len() - self.free.len()
+    }
+
+    /// A place for a new watcher; counts pages per watcher from now on if it is the second.
+    fn join(&mut self) -> usize {
+        let at = match self.free.pop() {
+            Some(at) => at,
+            None => {
+                self.sets.push(Coverage::new());
+                self.sets.len() - 1
+            }
+        };
+        if self.live() == 2 && self.all.is_none() {
+            let mut all = Coverage::new();
+            for set in &self.sets {
+                set.for_each_covered(0, !4095, |s, e| {
+                    all.add(s, e);
+                });
+            }
+            self.all = Some(all);
+        }
+        at
+    }
+
+    /// The watcher at `at` is gone (its pages removed already).
+    fn leave(&mut self, at: usize) {
+        self.sets[at] = Coverage::new();
+        self.free.push(at);
+        if self.live() < 2 {
+            self.all = None;
+        }
+    }
+
+    /// `at` watches `[start, end)` now.
+    fn add(&mut self, at: usize, start: u64, end: u64) {
+        let filled = self.sets[at].fill(start, end);
+        if let Some(all) = &mut self.all {
+            for (s, e) in filled {
+                all.add(s, e);
+            }
+        }
+    }
+
+    /// `at` stops watching `[start, end)`.
+    fn remove(&mut self, at: usize, start: u64, end: u64) {
+        for (s, e) in covered(&self.sets[at], start, end) {
+            self.sets[at].remove(s, e);
+            if let Some(all) = &mut self.all {
+                all.remove(s, e);
+            }
+        }
+    }
+
+    /// The parts of `[start, end)` no watcher watches (`at`, when it is the only one).
+    fn unneeded(&self, at: usize, start: u64, end: u64) -> Ranges {
+        match &self.all {
+            Some(all) => all.uncovered(start, end),
+            None => self.sets[at].uncovered(start, end),
+        }
+    }
+}
+
+/// The userfaultfd backend of one notifier: the process's context, and its place among the
+/// context's [`Watches`].
 ///
 /// Visibility rule: the busy protocol. The monitor marks every sink busy before each
 /// single-message `read()`; that read is what releases the unmapping thread.
 pub(crate) struct UffdWatcher {
     ctx: Arc<Context>,
-    mine: Mutex<Coverage>,
+    /// This watcher's place in the context's `watched`.
+    at: usize,
     /// Counted in the context's `plain` (not part of a hybrid watcher).
     plain: bool,
 }
@@ -367,27 +452,17 @@ impl UffdWatcher {
         if plain {
             ctx.plain.fetch_add(1, SeqCst);
         }
-        UffdWatcher {
-            ctx,
-            mine: Mutex::new(Coverage::new()),
-            plain,
-        }
+        let at = ctx.watches().join();
+        UffdWatcher { ctx, at, plain }
     }
 
     pub(crate) fn context(&self) -> &Arc<Context> {
         &self.ctx
     }
 
-    /// Both locks, the context's first (the order every watcher takes them in).
-    fn locked(&self) -> (MutexGuard<'_, Coverage>, MutexGuard<'_, Coverage>) {
-        let g = self.ctx.watched.lock().unwrap_or_else(|p| p.into_inner());
-        let m = self.mine.lock().unwrap_or_else(|p| p.into_inner());
-        (g, m)
-    }
-
     /// Unwatches what of `[start, end)` no notifier watches any more.
-    fn unwatch_unneeded(&self, all: &Coverage, start: u64, end: u64) {
-        for (s, e) in all.uncovered(start, end) {
+    fn unwatch_unneeded(&self, w: &Watches, start: u64, end: u64) {
+        for (s, e) in w.unneeded(self.at, start, end) {
             // Parts may be unmapped already; the kernel dropped those watches itself.
             let _ = self.ctx.inner.uffd.unwatch(s, e);
         }
@@ -396,24 +471,19 @@ impl UffdWatcher {
 
 impl Watcher for UffdWatcher {
     fn watch(&self, start: u64, end: u64) -> crate::Result<()> {
-        let (mut all, mut mine) = self.locked();
+        let mut w = self.ctx.watches();
         // The whole range, even pages already counted: a watch lost with an unmap may have been
         // replaced by a new mapping since (watching is idempotent on one context).
         self.ctx.inner.uffd.watch(start, end).map_err(watch_error)?;
-        for (s, e) in mine.fill(start, end) {
-            all.add(s, e);
-        }
+        w.add(self.at, start, end);
         Ok(())
     }
 
     fn unwatch(&self, start: u64, end: u64) {
-        let (mut all, mut mine) = self.locked();
-        for (s, e) in covered(&mine, start, end) {
-            mine.remove(s, e);
-            all.remove(s, e);
-        }
+        let mut w = self.ctx.watches();
+        w.remove(self.at, start, end);
         // Also pages no notifier counts (the moved watch of an mremap): nobody needs them.
-        self.unwatch_unneeded(&all, start, end);
+        self.unwatch_unneeded(&w, start, end);
     }
 
     fn splits_vmas(&self) -> bool {
@@ -459,12 +529,12 @@ impl Drop for UffdWatcher {
             // A child's ioctls would act on the parent's address space (the context's mm).
             return;
         }
-        let (mut all, mut mine) = self.locked();
-        for (s, e) in covered(&mine, 0, !4095) {
-            mine.remove(s, e);
-            all.remove(s, e);
-            self.unwatch_unneeded(&all, s, e);
+        let mut w = self.ctx.watches();
+        for (s, e) in covered(&w.sets[self.at], 0, !4095) {
+            w.remove(self.at, s, e);
+            self.unwatch_unneeded(&w, s, e);
         }
+        w.leave(self.at);
     }
 }
 
