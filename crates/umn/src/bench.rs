@@ -15,7 +15,7 @@ use ummunotify_testkit::changes::json_string;
 
 use ummunotify::cache::{Cache, Config};
 use ummunotify::registrar::{MlockRegistrar, NoopRegistrar, Registrar};
-use ummunotify::{Cookie, Notifier};
+use ummunotify::{Backend, Cookie, Notifier};
 
 /// One result row.
 #[derive(Debug, Clone)]
@@ -202,7 +202,7 @@ pub fn run(quick: bool) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
     let miss_20k = misses(NoopRegistrar, 20_000 / scale)?;
     rows.push(row("cache_miss_20k", miss_20k, "cache_miss", miss));
     // The miss against the kernel calls it makes (issue 23), batch by batch in this process.
-    let f = miss_vs_floor(40 / scale.min(4), 50)?;
+    let f = miss_vs_floor(40 / scale.min(4), 50, None)?;
     rows.push(row("cache_miss_vs_floor", f.miss, "miss_floor3", f.floor3));
     rows.push(row("cache_miss_vs_floor4", f.miss, "miss_floor4", f.floor4));
     let miss_mlock = misses(MlockRegistrar, nmiss)?;
@@ -514,13 +514,38 @@ where
 
 /// `cache_miss_vs_floor{,4}` only, `rounds` times over (each round a fresh cache and fresh
 /// mappings, as in `run`), with the medians of the rounds' figures: the miss's one figure
-/// (issue 23) without the minutes of the whole bench. Each round's ratio goes to stderr.
+/// (issue 23) without the minutes of the whole bench. Then `cache_miss_hybrid_vs_floor`, the
+/// same miss on the hybrid backend against the same three calls (its watch makes them too; the
+/// filter's update is user-space work), where hybrid starts: last, since it patches this
+/// process's libc for good. Each round's ratio goes to stderr.
 pub fn miss_rows(rounds: usize) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
+    let (miss, f3, f4) = miss_rounds(rounds, Backend::Userfaultfd)?;
+    let mut rows = vec![
+        row("cache_miss_vs_floor", miss, "miss_floor3", f3),
+        row("cache_miss_vs_floor4", miss, "miss_floor4", f4),
+    ];
+    match Notifier::with_backend(Backend::Hybrid) {
+        Ok(n) => drop(n),
+        Err(e) => {
+            eprintln!("hybrid does not start here ({e}): no hybrid miss row");
+            return Ok(rows);
+        }
+    }
+    let (miss, f3, _) = miss_rounds(rounds, Backend::Hybrid)?;
+    rows.push(row("cache_miss_hybrid_vs_floor", miss, "miss_floor3", f3));
+    Ok(rows)
+}
+
+/// `rounds` rounds of [`miss_vs_floor`] on `backend`: the medians of miss, floor3, floor4.
+fn miss_rounds(
+    rounds: usize,
+    backend: Backend,
+) -> Result<(f64, f64, f64), Box<dyn std::error::Error>> {
     let (mut miss, mut f3, mut f4) = (Vec::new(), Vec::new(), Vec::new());
     for r in 0..rounds {
-        let f = miss_vs_floor(40, 50)?;
+        let f = miss_vs_floor(40, 50, Some(backend))?;
         eprintln!(
-            "round {r}: miss {:.0} ns, floor3 {:.0} ns, ratio {:.2}",
+            "{backend:?} round {r}: miss {:.0} ns, floor3 {:.0} ns, ratio {:.2}",
             f.miss,
             f.floor3,
             f.miss / f.floor3
@@ -529,11 +554,7 @@ pub fn miss_rows(rounds: usize) -> Result<Vec<Row>, Box<dyn std::error::Error>> 
         f3.push(f.floor3);
         f4.push(f.floor4);
     }
-    let (miss, f3, f4) = (median(miss), median(f3), median(f4));
-    Ok(vec![
-        row("cache_miss_vs_floor", miss, "miss_floor3", f3),
-        row("cache_miss_vs_floor4", miss, "miss_floor4", f4),
-    ])
+    Ok((median(miss), median(f3), median(f4)))
 }
 
 /// A cache miss and its kernel floor, measured in alternating batches (medians of the batches'
@@ -551,8 +572,12 @@ struct MissFloor {
 /// and `per` floor rounds (the same calls made directly, on pages of another mapping, watched
 /// through a userfaultfd context of the bench's own, as the library opens its own), one batch
 /// of each after the other: both see the machine in the same state, and the per-batch ratio
-/// does not drift with it.
-fn miss_vs_floor(batches: usize, per: usize) -> Result<MissFloor, Box<dyn std::error::Error>> {
+/// does not drift with it. The cache's notifier runs on `backend`, `None`: `Notifier::new()`.
+fn miss_vs_floor(
+    batches: usize,
+    per: usize,
+    backend: Option<Backend>,
+) -> Result<MissFloor, Box<dyn std::error::Error>> {
     const PROCMAP_QUERY: libc::c_ulong = 0xc068_6611; // _IOWR('f', 17, struct procmap_query)
     #[repr(C)]
     #[derive(Default)]
@@ -580,7 +605,14 @@ fn miss_vs_floor(batches: usize, per: usize) -> Result<MissFloor, Box<dyn std::e
     let maps = std::fs::File::open("/proc/self/maps")?;
     let floor_arena = map(2 * n * pg, 0);
     let miss_arena = map(2 * n * pg, 0);
-    let cache = Cache::new(NoopRegistrar, Config::default().max_regions(1 << 21))?;
+    let cache = Cache::with_notifier(
+        match backend {
+            Some(b) => Notifier::with_backend(b)?,
+            None => Notifier::new()?,
+        },
+        NoopRegistrar,
+        Config::default().max_regions(1 << 21),
+    );
     let (mut misses_ns, mut f3, mut f4) = (Vec::new(), Vec::new(), Vec::new());
     for b in 0..batches {
         let (mut reg, mut sync, mut mask, mut query) = (0u128, 0u128, 0u128, 0u128);
