@@ -1,28 +1,15 @@
 //! `CookieTable`: cookie → region id, storing only the ids.
 //!
 //! Every region's slot already holds its cookie, so the table is an open-addressing array of
-//! 32-bit entries (linear probing, backward-shift deletion, no tombstones) and compares cookies
-//! by reading them from the slots through the caller's `cookie_of`. An entry is the slot id in
-//! its low [`ID_BITS`] bits and five bits of the cookie's hash above them: a search reads a
-//! slot only where those bits match (1 in 32 of the others), not at every position of the run
-//! (a miss spent a twelfth of its own time on those reads, issue 23). At most 3/4 full, growing
-//! by half: 4/load bytes per region, 5.3–8 with 1,000,000 regions, against 16/load plus control
-//! bytes for a `HashMap<u64, u32>`. Ids stop at [`MAX_IDS`].
+//! 32-bit slot ids (linear probing, backward-shift deletion, no tombstones) and compares cookies
+//! by reading them from the slots through the caller's `cookie_of`. At most 3/4 full, growing by
+//! half: 4/load bytes per region, 5.3–8 with 1,000,000 regions, against 16/load plus control
+//! bytes for a `HashMap<u64, u32>`.
 //!
 //! Runs under the registry lock only (user threads), so it may allocate.
 
-/// No id in this table position (not an entry: its id bits are `MAX_IDS`, which no id reaches).
+/// No id in this table position.
 const EMPTY: u32 = u32::MAX;
-
-/// Bits of an entry that hold the slot id.
-const ID_BITS: u32 = 27;
-
-/// The mask of an entry's id bits.
-const ID_MASK: u32 = (1 << ID_BITS) - 1;
-
-/// Ids are below this: a notifier holds at most 134,217,727 regions at once (each costs more
-/// than 64 bytes, so 8 GiB at this limit).
-pub(crate) const MAX_IDS: u32 = ID_MASK;
 
 /// Cookie → slot id, see the module documentation.
 #[derive(Debug, Default)]
@@ -34,12 +21,11 @@ pub(crate) struct CookieTable {
 }
 
 /// Where a cookie that is not in the table would go, while the table does not change: a
-/// registration looks for its cookie once, to refuse a duplicate and to insert it.
+/// registration looks for its cookie once, to refuse a duplicate and to insert it (a search
+/// for a missing cookie passes ~2.5–8.5 ids at 1/2–3/4 full, each a read of its slot).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Vacancy {
     pos: usize,
-    /// The cookie's hash bits, as the entry holds them.
-    tag: u32,
     version: u64,
 }
 
@@ -94,29 +80,19 @@ impl CookieTable {
         self.len
     }
 
-    /// Home position of a cookie whose [`mix`] is `h` in a table of `cap` positions (`cap > 0`):
-    /// from the hash's high bits.
-    fn home(h: u64, cap: usize) -> usize {
-        ((u128::from(h) * cap as u128) >> 64) as usize
+    /// Home position of `cookie` in a table of `cap` positions (`cap > 0`).
+    fn home(cookie: u64, cap: usize) -> usize {
+        ((u128::from(mix(cookie)) * cap as u128) >> 64) as usize
     }
 
-    /// The entry bits of a cookie whose [`mix`] is `h`: five of its low bits, above the id.
-    fn tag(h: u64) -> u32 {
-        (h as u32 & 31) << ID_BITS
-    }
-
-    /// The position holding `cookie`, or the empty one where it would go; and its tag.
-    fn probe(&self, cookie: u64, cookie_of: &impl Fn(u32) -> u64) -> (Result<usize, usize>, u32) {
+    /// The position holding `cookie`, or the empty one where it would go.
+    fn probe(&self, cookie: u64, cookie_of: &impl Fn(u32) -> u64) -> Result<usize, usize> {
         let cap = self.ids.len();
-        let h = mix(cookie);
-        let tag = Self::tag(h);
-        let mut i = Self::home(h, cap);
+        let mut i = Self::home(cookie, cap);
         loop {
             match self.ids[i] {
-                EMPTY => return (Err(i), tag),
-                e if e & !ID_MASK == tag && cookie_of(e & ID_MASK) == cookie => {
-                    return (Ok(i), tag)
-                }
+                EMPTY => return Err(i),
+                id if cookie_of(id) == cookie => return Ok(i),
                 _ => i = if i + 1 == cap { 0 } else { i + 1 },
             }
         }
@@ -127,20 +103,18 @@ impl CookieTable {
         if self.len == 0 {
             return None;
         }
-        let (at, _) = self.probe(cookie, &cookie_of);
-        at.ok().map(|i| self.ids[i] & ID_MASK)
+        self.probe(cookie, &cookie_of).ok().map(|i| self.ids[i])
     }
 
-    /// Adds `id` (below [`MAX_IDS`]), whose slot already holds its cookie, which must not be in
-    /// the table.
+    /// Adds `id`, whose slot already holds its cookie, which must not be in the table.
     pub(crate) fn insert(&mut self, id: u32, cookie_of: impl Fn(u32) -> u64) {
-        assert!(id < MAX_IDS, "slot id {id} beyond the cookie table's reach");
+        debug_assert_ne!(id, EMPTY);
         if (self.len + 1) * 4 > self.ids.len() * 3 {
             self.grow(&cookie_of);
         }
         match self.probe(cookie_of(id), &cookie_of) {
-            (Err(i), tag) => self.ids[i] = tag | id,
-            (Ok(_), _) => debug_assert!(false, "cookie of {id} already in the table"),
+            Err(i) => self.ids[i] = id,
+            Ok(_) => debug_assert!(false, "cookie of {id} already in the table"),
         }
         self.len += 1;
         self.version += 1;
@@ -157,25 +131,24 @@ impl CookieTable {
             self.grow(&cookie_of);
         }
         match self.probe(cookie, &cookie_of) {
-            (Ok(i), _) => Err(self.ids[i] & ID_MASK),
-            (Err(pos), tag) => Ok(Vacancy {
+            Ok(i) => Err(self.ids[i]),
+            Err(pos) => Ok(Vacancy {
                 pos,
-                tag,
                 version: self.version,
             }),
         }
     }
 
-    /// Adds `id` (below [`MAX_IDS`]), whose slot holds the cookie `at` was found for: at `at`,
-    /// or by a new search if the table changed since.
+    /// Adds `id`, whose slot holds the cookie `at` was found for: at `at`, or by a new search if
+    /// the table changed since.
     pub(crate) fn insert_at(&mut self, at: Vacancy, id: u32, cookie_of: impl Fn(u32) -> u64) {
         if at.version != self.version {
             return self.insert(id, cookie_of);
         }
-        assert!(id < MAX_IDS, "slot id {id} beyond the cookie table's reach");
+        debug_assert_ne!(id, EMPTY);
         debug_assert_eq!(self.ids[at.pos], EMPTY);
-        debug_assert_eq!(self.probe(cookie_of(id), &cookie_of), (Err(at.pos), at.tag));
-        self.ids[at.pos] = at.tag | id;
+        debug_assert_eq!(self.probe(cookie_of(id), &cookie_of), Err(at.pos));
+        self.ids[at.pos] = id;
         self.len += 1;
         self.version += 1;
     }
@@ -185,8 +158,8 @@ impl CookieTable {
         if self.len == 0 {
             return None;
         }
-        let mut hole = self.probe(cookie, &cookie_of).0.ok()?;
-        let id = self.ids[hole] & ID_MASK;
+        let mut hole = self.probe(cookie, &cookie_of).ok()?;
+        let id = self.ids[hole];
         let cap = self.ids.len();
         // Backward-shift deletion: pull later members of the run into the hole when their home
         // does not lie (cyclically) between the hole and their position.
@@ -197,7 +170,7 @@ impl CookieTable {
             if other == EMPTY {
                 break;
             }
-            let home = Self::home(mix(cookie_of(other & ID_MASK)), cap);
+            let home = Self::home(cookie_of(other), cap);
             let stays = if hole <= j {
                 hole < home && home <= j
             } else {
@@ -226,21 +199,14 @@ impl CookieTable {
         self.rehash((self.ids.len() + self.ids.len() / 2).max(16), cookie_of);
     }
 
-    /// Moves every entry into a table of `cap` positions. In id order, so the slots' cookies
-    /// are read front to back, not in hash order (a growing cache's misses spent a tenth of
-    /// their own time waiting for those reads); the cookies are distinct, so each entry goes to
-    /// the first empty position from its home, compared with nothing.
+    /// Moves every id into a table of `cap` positions.
     fn rehash(&mut self, cap: usize, cookie_of: &impl Fn(u32) -> u64) {
         self.version += 1;
-        let mut old = std::mem::replace(&mut self.ids, vec![EMPTY; cap]);
-        old.retain(|&e| e != EMPTY);
-        old.sort_unstable_by_key(|&e| e & ID_MASK);
-        for e in old {
-            let mut i = Self::home(mix(cookie_of(e & ID_MASK)), cap);
-            while self.ids[i] != EMPTY {
-                i = if i + 1 == cap { 0 } else { i + 1 };
+        let old = std::mem::replace(&mut self.ids, vec![EMPTY; cap]);
+        for id in old.into_iter().filter(|&id| id != EMPTY) {
+            if let Err(i) = self.probe(cookie_of(id), cookie_of) {
+                self.ids[i] = id;
             }
-            self.ids[i] = e;
         }
     }
 }
@@ -305,44 +271,6 @@ mod tests {
                 }
             }
         }
-    }
-
-    #[test]
-    fn the_highest_ids_under_every_tag_are_not_empty() {
-        // Cookies whose hash bits cover all 32 tags, on the ids next to `MAX_IDS`: an entry
-        // whose id bits are all ones but the last must never read as `EMPTY`.
-        let mut cookies: HashMap<u32, u64> = HashMap::new();
-        let mut tags = [false; 32];
-        let mut c = 0u64;
-        while tags.iter().any(|&seen| !seen) {
-            let tag = (mix(c) & 31) as usize;
-            if !tags[tag] {
-                tags[tag] = true;
-                cookies.insert(MAX_IDS - 1 - cookies.len() as u32, c);
-            }
-            c += 1;
-        }
-        let of = |id: u32| cookies[&id];
-        let mut t = CookieTable::new();
-        for &id in cookies.keys() {
-            t.insert(id, of);
-        }
-        for (&id, &c) in &cookies {
-            assert_eq!(t.get(c, of), Some(id));
-            assert_eq!(t.vacancy(c, of).unwrap_err(), id);
-        }
-        for (&id, &c) in &cookies {
-            assert_eq!(t.remove(c, of), Some(id));
-            assert_eq!(t.get(c, of), None);
-        }
-        assert_eq!(t.len(), 0);
-    }
-
-    #[test]
-    #[should_panic(expected = "beyond the cookie table's reach")]
-    fn an_id_beyond_max_ids_is_refused() {
-        let mut t = CookieTable::new();
-        t.insert(MAX_IDS, |_| 7);
     }
 
     #[test]

@@ -122,8 +122,7 @@ pub enum Error {
     UnsupportedMapping(io::Error),
     /// Another userfaultfd context already watches part of the range (`EBUSY`).
     RangeBusy,
-    /// The kernel ran out of room for watched mappings (`ENOMEM`: usually `vm.max_map_count`),
-    /// or the notifier holds as many regions as it can (134,217,727 at once; `ENOMEM`).
+    /// The kernel ran out of room for watched mappings (`ENOMEM`: usually `vm.max_map_count`).
     CoverageLimit(io::Error),
     /// A region with this cookie is already registered.
     DuplicateCookie(Cookie),

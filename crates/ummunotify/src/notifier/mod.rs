@@ -323,18 +323,16 @@ impl Notifier {
     pub fn reserve(&self, regions: usize) -> Result<()> {
         let sh = &*self.shared;
         sh.alive()?;
-        // No more than a notifier can hold (see `Error::CoverageLimit`).
-        let regions = regions.min(crate::cookies::MAX_IDS as usize);
         let mut reg = sh.lock_registry();
         let more = regions.saturating_sub(reg.cookies.len());
         reg.cookies.reserve(more, |id| sh.cookie_of(id));
         reg.free.reserve(more);
-        while sh.slots.capacity() < regions {
+        while sh.slots.capacity() < regions.min(u32::MAX as usize) {
             if !sh.slots.grow_zeroed() && sh.slots.capacity() < regions {
                 break; // every segment installed
             }
         }
-        if let Some(last) = regions.checked_sub(1) {
+        if let Some(last) = regions.min(u32::MAX as usize).checked_sub(1) {
             sh.queue.reserve(last as u32);
         }
         Ok(())

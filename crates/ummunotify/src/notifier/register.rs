@@ -20,11 +20,6 @@ impl Notifier {
         let Ok(vacancy) = reg.cookies.vacancy(cookie.0, |id| sh.cookie_of(id)) else {
             return Err(Error::DuplicateCookie(cookie));
         };
-        if reg.free.is_empty() && reg.next_slot >= crate::cookies::MAX_IDS {
-            return Err(Error::CoverageLimit(io::Error::from_raw_os_error(
-                libc::ENOMEM,
-            )));
-        }
         // The watch policy: exact pages while the VMA budget allows, else the whole VMAs. (Over
         // the budget, pages already watched are widened too: watched exactly inside a widened
         // range, they would split the coverage into a run per region, and unwatching the widened
@@ -312,43 +307,5 @@ impl Notifier {
                 l.slot(id).word.store(valid_word(serial + 1), Release);
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Past the last id the cookie table can hold, a registration is refused with a typed error
-    /// and nothing changes; a freed id is taken again.
-    #[test]
-    fn the_region_limit_is_a_coverage_limit() {
-        let pg = sys::page_size();
-        // Two whole pages inside a heap buffer (mapped for as long as `buf` lives).
-        let buf = vec![0u8; 3 * pg];
-        let at = (buf.as_ptr() as usize).next_multiple_of(pg);
-        let n = Notifier::new().expect("a backend starts here");
-        n.register(at..at + pg, Cookie(1)).expect("first region");
-        let next = {
-            let mut reg = n.shared.lock_registry();
-            std::mem::replace(&mut reg.next_slot, crate::cookies::MAX_IDS)
-        };
-        let r = n.register(at + pg..at + 2 * pg, Cookie(2));
-        assert!(
-            matches!(&r, Err(Error::CoverageLimit(e)) if e.raw_os_error() == Some(libc::ENOMEM)),
-            "{r:?}"
-        );
-        assert!(matches!(
-            n.unregister(Cookie(2)),
-            Err(Error::UnknownCookie(_))
-        ));
-        // Unregistering frees an id below the limit: the next registration takes it.
-        n.unregister(Cookie(1)).expect("registered");
-        n.register(at + pg..at + 2 * pg, Cookie(2))
-            .expect("a freed id is below the limit");
-        n.shared.lock_registry().next_slot = next;
-        n.unregister(Cookie(2)).expect("registered");
-        drop(n);
-        drop(buf);
     }
 }
