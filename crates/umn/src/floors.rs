@@ -96,6 +96,9 @@ impl Probe {
     }
 
     fn time(&self, madvise: bool) -> Result<f64, String> {
+        if let Some(r) = &self.reader {
+            r.check()?;
+        }
         let p = lone_page();
         touch(p, PG);
         if let Some(u) = &self.uffd {
@@ -265,12 +268,28 @@ impl Reader {
                     // SAFETY: reads one uffd_msg into our buffer; the fd outlives the thread
                     // (`stop` joins it before the context is closed).
                     if unsafe { libc::read(fd, msg.as_mut_ptr().cast(), msg.len()) } < 0 {
+                        let e = std::io::Error::last_os_error();
+                        if e.kind() == std::io::ErrorKind::Interrupted {
+                            continue;
+                        }
+                        // Nobody reads this context any more: an unmap of a page it watches
+                        // would wait forever. `check` fails the bench before the next one.
+                        eprintln!("floor reader: read of its userfaultfd failed: {e}");
+                        s.store(true, SeqCst);
                         return;
                     }
                 }
             })
             .map_err(|e| e.to_string())?;
         Ok(Reader { stop, thread })
+    }
+
+    /// An error if the reader has stopped (it read its context until `stop`, or it failed).
+    fn check(&self) -> Result<(), String> {
+        if self.stop.load(SeqCst) || self.thread.is_finished() {
+            return Err("the floor's reader thread is gone: its context is not read".into());
+        }
+        Ok(())
     }
 
     /// Stops the reader: one more watched page unmapped wakes it to see the flag.
