@@ -16,7 +16,7 @@
 #![allow(unsafe_code)] // userfaultfd ioctls, mmap/munmap/madvise of benchmark pages, sigprocmask.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -251,20 +251,27 @@ impl RawUffd {
 
 /// A thread reading a context's messages in a blocking loop, as bare as a reader can be.
 struct Reader {
-    stop: Arc<AtomicBool>,
+    /// The page whose unmap message ends the loop (0: none yet).
+    stop_at: Arc<AtomicUsize>,
+    /// Set by the thread when its read fails: nobody reads the context any more.
+    failed: Arc<AtomicBool>,
     thread: std::thread::JoinHandle<()>,
 }
 
+/// `UFFD_EVENT_UNMAP`.
+const EVENT_UNMAP: u8 = 0x16;
+
 impl Reader {
     fn start(uffd: &RawUffd) -> Result<Reader, String> {
-        let stop = Arc::new(AtomicBool::new(false));
+        let stop_at = Arc::new(AtomicUsize::new(0));
+        let failed = Arc::new(AtomicBool::new(false));
         let fd = uffd.fd();
-        let s = stop.clone();
+        let (s, f) = (stop_at.clone(), failed.clone());
         let thread = std::thread::Builder::new()
             .name("floor-reader".into())
             .spawn(move || {
                 let mut msg = [0u8; 32];
-                while !s.load(SeqCst) {
+                loop {
                     // SAFETY: reads one uffd_msg into our buffer; the fd outlives the thread
                     // (`stop` joins it before the context is closed).
                     if unsafe { libc::read(fd, msg.as_mut_ptr().cast(), msg.len()) } < 0 {
@@ -275,27 +282,40 @@ impl Reader {
                         // Nobody reads this context any more: an unmap of a page it watches
                         // would wait forever. `check` fails the bench before the next one.
                         eprintln!("floor reader: read of its userfaultfd failed: {e}");
-                        s.store(true, SeqCst);
+                        f.store(true, SeqCst);
+                        return;
+                    }
+                    // Only the stop page's own message ends the loop: a flag checked between
+                    // reads could end it before that message is read, and its munmap would
+                    // wait forever (it did: CI hung here, issue 23).
+                    let start = u64::from_ne_bytes(msg[8..16].try_into().expect("8 bytes"));
+                    let stop = s.load(SeqCst);
+                    if msg[0] == EVENT_UNMAP && stop != 0 && start == stop as u64 {
                         return;
                     }
                 }
             })
             .map_err(|e| e.to_string())?;
-        Ok(Reader { stop, thread })
+        Ok(Reader {
+            stop_at,
+            failed,
+            thread,
+        })
     }
 
-    /// An error if the reader has stopped (it read its context until `stop`, or it failed).
+    /// An error if the reader has stopped reading.
     fn check(&self) -> Result<(), String> {
-        if self.stop.load(SeqCst) || self.thread.is_finished() {
+        if self.failed.load(SeqCst) || self.thread.is_finished() {
             return Err("the floor's reader thread is gone: its context is not read".into());
         }
         Ok(())
     }
 
-    /// Stops the reader: one more watched page unmapped wakes it to see the flag.
+    /// Stops the reader: one more watched page, unmapped, is the message it ends on.
     fn stop(self, uffd: &RawUffd) -> Result<(), String> {
-        self.stop.store(true, SeqCst);
+        self.check()?;
         let p = lone_page();
+        self.stop_at.store(p, SeqCst);
         uffd.register(p)?;
         unmap(p, PG);
         self.thread
