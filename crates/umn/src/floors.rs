@@ -16,7 +16,7 @@
 #![allow(unsafe_code)] // userfaultfd ioctls, mmap/munmap/madvise of benchmark pages, sigprocmask.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -251,8 +251,11 @@ impl RawUffd {
 
 /// A thread reading a context's messages in a blocking loop, as bare as a reader can be.
 struct Reader {
-    /// The page whose unmap message ends the loop (0: none yet).
-    stop_at: Arc<AtomicUsize>,
+    /// The page whose unmap message ends the loop. It stays mapped from `start` to `stop`, so
+    /// no page the floor unmaps meanwhile can have its address: a message for an earlier page
+    /// that happened to sit there ended the loop too early once (issue 23), and the stop page's
+    /// munmap then waited forever for a reader that was gone.
+    stop_page: usize,
     /// Set by the thread when its read fails: nobody reads the context any more.
     failed: Arc<AtomicBool>,
     thread: std::thread::JoinHandle<()>,
@@ -263,10 +266,10 @@ const EVENT_UNMAP: u8 = 0x16;
 
 impl Reader {
     fn start(uffd: &RawUffd) -> Result<Reader, String> {
-        let stop_at = Arc::new(AtomicUsize::new(0));
+        let stop_page = lone_page();
         let failed = Arc::new(AtomicBool::new(false));
         let fd = uffd.fd();
-        let (s, f) = (stop_at.clone(), failed.clone());
+        let f = failed.clone();
         let thread = std::thread::Builder::new()
             .name("floor-reader".into())
             .spawn(move || {
@@ -289,15 +292,17 @@ impl Reader {
                     // reads could end it before that message is read, and its munmap would
                     // wait forever (it did: CI hung here, issue 23).
                     let start = u64::from_ne_bytes(msg[8..16].try_into().expect("8 bytes"));
-                    let stop = s.load(SeqCst);
-                    if msg[0] == EVENT_UNMAP && stop != 0 && start == stop as u64 {
+                    if msg[0] == EVENT_UNMAP && start == stop_page as u64 {
                         return;
                     }
                 }
             })
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| {
+                unmap(stop_page, PG);
+                e.to_string()
+            })?;
         Ok(Reader {
-            stop_at,
+            stop_page,
             failed,
             thread,
         })
@@ -311,13 +316,12 @@ impl Reader {
         Ok(())
     }
 
-    /// Stops the reader: one more watched page, unmapped, is the message it ends on.
+    /// Stops the reader: the stop page, watched and unmapped, is the message it ends on.
     fn stop(self, uffd: &RawUffd) -> Result<(), String> {
-        self.check()?;
-        let p = lone_page();
-        self.stop_at.store(p, SeqCst);
-        uffd.register(p)?;
-        unmap(p, PG);
+        let checked = self.check().and_then(|()| uffd.register(self.stop_page));
+        // Unmapped either way; watched only if the reader is there to read its message.
+        unmap(self.stop_page, PG);
+        checked?;
         self.thread
             .join()
             .map_err(|_| "floor reader panicked".to_string())
