@@ -16,8 +16,6 @@
 #![allow(unsafe_code)] // userfaultfd ioctls, mmap/munmap/madvise of benchmark pages, sigprocmask.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
-use std::sync::Arc;
 use std::time::Instant;
 
 use crate::backends::lone_page;
@@ -256,8 +254,6 @@ struct Reader {
     /// that happened to sit there ended the loop too early once (issue 23), and the stop page's
     /// munmap then waited forever for a reader that was gone.
     stop_page: usize,
-    /// Set by the thread when its read fails: nobody reads the context any more.
-    failed: Arc<AtomicBool>,
     thread: std::thread::JoinHandle<()>,
 }
 
@@ -267,9 +263,7 @@ const EVENT_UNMAP: u8 = 0x16;
 impl Reader {
     fn start(uffd: &RawUffd) -> Result<Reader, String> {
         let stop_page = lone_page();
-        let failed = Arc::new(AtomicBool::new(false));
         let fd = uffd.fd();
-        let f = failed.clone();
         let thread = std::thread::Builder::new()
             .name("floor-reader".into())
             .spawn(move || {
@@ -283,9 +277,9 @@ impl Reader {
                             continue;
                         }
                         // Nobody reads this context any more: an unmap of a page it watches
-                        // would wait forever. `check` fails the bench before the next one.
+                        // would wait forever. `check` sees the thread gone and fails the bench
+                        // before the next one.
                         eprintln!("floor reader: read of its userfaultfd failed: {e}");
-                        f.store(true, SeqCst);
                         return;
                     }
                     // Only the stop page's own message ends the loop: a flag checked between
@@ -301,16 +295,13 @@ impl Reader {
                 unmap(stop_page, PG);
                 e.to_string()
             })?;
-        Ok(Reader {
-            stop_page,
-            failed,
-            thread,
-        })
+        Ok(Reader { stop_page, thread })
     }
 
-    /// An error if the reader has stopped reading.
+    /// An error if the reader has stopped reading (before `stop`, it returns only when a read
+    /// fails).
     fn check(&self) -> Result<(), String> {
-        if self.failed.load(SeqCst) || self.thread.is_finished() {
+        if self.thread.is_finished() {
             return Err("the floor's reader thread is gone: its context is not read".into());
         }
         Ok(())
