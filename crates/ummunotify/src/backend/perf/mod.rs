@@ -492,6 +492,13 @@ impl Perf {
                 .any(|r| r.map.head() != r.tail.load(Acquire))
     }
 
+    /// Samples the kernel says it dropped, over every event (tests: the rings' own loss
+    /// detection must have seen at least one loss whenever this is not 0).
+    #[cfg(test)]
+    pub(crate) fn kernel_lost(&self) -> io::Result<u64> {
+        self.fds.iter().map(sys::lost_samples).sum()
+    }
+
     /// The rings' lead fds (readable at the wake-up watermark), for a poller.
     pub(crate) fn ring_fds(&self) -> impl Iterator<Item = BorrowedFd<'_>> {
         self.leads.iter().map(|&l| self.fds[l].as_fd())

@@ -42,6 +42,8 @@ const PERF_SAMPLE_RAW: u64 = 1 << 10;
 /// The sample layout [`super::decode`] parses: pid/tid, time, raw tracepoint data.
 pub(super) const SAMPLE_TYPE: u64 = PERF_SAMPLE_TID | PERF_SAMPLE_TIME | PERF_SAMPLE_RAW;
 
+const PERF_FORMAT_LOST: u64 = 1 << 4;
+
 // attr.flags bits.
 const INHERIT: u64 = 1 << 1;
 const WATERMARK: u64 = 1 << 14;
@@ -68,6 +70,9 @@ pub(super) fn open_tracepoint(
         config: id,
         sample_period: 1,
         sample_type: SAMPLE_TYPE,
+        // Tests read each event's count of samples the kernel dropped (Linux 6.0+; older
+        // kernels refuse the bit, so the library itself never asks).
+        read_format: if cfg!(test) { PERF_FORMAT_LOST } else { 0 },
         flags: INHERIT | INHERIT_THREAD | WATERMARK | USE_CLOCKID,
         wakeup_watermark: wakeup,
         clockid: libc::CLOCK_MONOTONIC,
@@ -97,6 +102,19 @@ pub(super) fn open_tracepoint(
         }
     }
     Ok(fd)
+}
+
+/// How many samples the kernel dropped for event `fd` (its ring had no room), from `read`
+/// with `PERF_FORMAT_LOST`: the kernel's own count, to check the rings' loss detection against.
+#[cfg(test)]
+pub(super) fn lost_samples(fd: &OwnedFd) -> io::Result<u64> {
+    let mut v = [0u64; 2];
+    // SAFETY: reads at most 16 bytes into `v`, which has 16.
+    let n = unsafe { libc::read(fd.as_raw_fd(), v.as_mut_ptr().cast(), 16) };
+    if n != 16 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(v[1])
 }
 
 /// Where tracefs is mounted (the first of the two usual places with an `events` directory).
