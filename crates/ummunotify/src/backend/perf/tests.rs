@@ -606,9 +606,17 @@ fn a_storm_pairs_every_exit_with_its_entry_body() {
     let st = perf.stats();
     let kernel_lost = perf.kernel_lost().expect("read the events' lost counts");
     let missed: Vec<usize> = (0..seen.len()).filter(|&i| !seen[i]).collect();
+    // Whether the tracepoints record now (a BPF program on them that returns 0, attached by
+    // anyone on the machine, suppresses every perf sample: the delivery thread's canary is the
+    // defence, and this test drives the rings without it).
+    let canary = match perf.canary(crate::sys::gettid(), &Recorder::default()) {
+        super::Canary::Ok => "the tracepoints record".to_string(),
+        super::Canary::Void => "the canary lost records".to_string(),
+        super::Canary::Suppressed(which) => perf.suppressed(which),
+    };
     let why = format!(
         "{st:?}; the kernel dropped {kernel_lost} samples; {all} \"everything changed\"; {} of \
-         {N} munmaps not delivered (first: {:?}, last: {:?})",
+         {N} munmaps not delivered (first: {:?}, last: {:?}); canary after: {canary}",
         missed.len(),
         missed.first(),
         missed.last()
