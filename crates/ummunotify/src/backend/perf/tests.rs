@@ -559,7 +559,11 @@ fn a_forked_child_is_not_traced_into_the_parents_rings_body() {
 /// handful of orphan exits. The regression this guards against turned 9,467 of 10,000 exits
 /// into orphans. One orphan in 10,009 exits was seen once in CI (2026-12-02, cause not found:
 /// an exit delivered before its entry); an orphan costs one "assume everything changed", never
-/// a stale use.
+/// a stale use. Once (CI, 2026-12-03) 5,806 of the calls left no record and no loss: a BPF
+/// program returning 0 attached to these tracepoints mid-storm, by anyone on the machine, does
+/// exactly that (reproduced with one attached for 50 ms); the library's delivery thread catches
+/// it with its canary at the next tick, this test has no delivery thread, so it names the
+/// canary's verdict when it fails.
 fn a_storm_pairs_every_exit_with_its_entry_body() {
     const N: u64 = 10_000;
     let Some((perf, _rec, a)) = setup("perf_storm", N as usize) else {
