@@ -47,8 +47,10 @@ pub enum Unsupported {
         /// What was tried and what it returned.
         reason: String,
     },
-    /// The perf tracepoint backend can not start: what is missing (tracefs, a tracepoint, the
-    /// privilege for raw tracepoint samples, a CPU's ring).
+    /// The perf tracepoint backend can not run: what is missing (tracefs, a tracepoint, the
+    /// privilege for raw tracepoint samples, a CPU's ring), or, from a notifier it killed,
+    /// which tracepoints stopped recording after it started (a BPF program attached to them
+    /// that returns 0 suppresses their perf samples system-wide).
     Perf {
         /// What is missing, in words a user can act on.
         missing: String,
@@ -93,7 +95,7 @@ impl fmt::Display for Unsupported {
                 "UMN_BACKEND={value:?} names no backend (expected auto, uffd, hooks, hybrid, ebpf, kernel or perf)"
             ),
             Unsupported::Perf { missing } => {
-                write!(f, "the perf tracepoint backend can not start: {missing}")
+                write!(f, "the perf tracepoint backend can not run: {missing}")
             }
             Unsupported::NoBackend { userfaultfd, hooks } => write!(
                 f,

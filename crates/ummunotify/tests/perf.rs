@@ -10,20 +10,8 @@ mod common;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
-use common::{map, unmap, PAGE};
-use ummunotify::{Backend, Cookie, Error, Notifier, Unsupported};
-use ummunotify_testkit::require::skip_or_fail;
-
-fn perf_or_skip(test: &str) -> Option<Notifier> {
-    match Notifier::with_backend(Backend::Perf) {
-        Ok(n) => Some(n),
-        Err(Error::Unsupported(Unsupported::Perf { missing })) => {
-            skip_or_fail(test, &missing);
-            None
-        }
-        Err(e) => panic!("{test}: {e}"),
-    }
-}
+use common::{map, perf_or_skip, unmap, PAGE};
+use ummunotify::Cookie;
 
 /// A raw userfaultfd with `EVENT_REMOVE` registered (missing mode) over `[a, a + len)`: a
 /// `madvise(DONTNEED)` there sleeps after its entry record until the message is read.

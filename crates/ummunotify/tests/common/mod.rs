@@ -273,3 +273,17 @@ pub fn heap_churn_round(n: &ummunotify::Notifier, round: u64, register: bool) {
         }
     }
 }
+
+/// A notifier on the perf backend, or `None` after a loud skip (a failure under
+/// `UMN_REQUIRE_ALL=1`) where it can not start.
+pub fn perf_or_skip(test: &str) -> Option<ummunotify::Notifier> {
+    use ummunotify::{Backend, Error, Notifier, Unsupported};
+    match Notifier::with_backend(Backend::Perf) {
+        Ok(n) => Some(n),
+        Err(Error::Unsupported(Unsupported::Perf { missing })) => {
+            ummunotify_testkit::require::skip_or_fail(test, &missing);
+            None
+        }
+        Err(e) => panic!("{test}: {e}"),
+    }
+}

@@ -65,9 +65,11 @@
 //!   recorded nothing for munmap, mremap, madvise, brk, mmap, shmdt, shmat and process_madvise.
 //!   So [`Perf::open`] and then the delivery thread, every tick, run a canary
 //!   ([`Perf::canary`]: each traced call once with arguments the kernel refuses); a tracepoint
-//!   that records nothing refuses the start, or kills the notifier (every check fails). Checks
-//!   made between the attachment and the next tick can be stale: a BPF program on these
-//!   tracepoints should return 1 to coexist with perf users (this backend, `perf trace`).
+//!   that records nothing refuses the start, or kills the notifier (every check fails, and its
+//!   errors name the quiet tracepoints: `tests/perf_silenced.rs` attaches such a program to a
+//!   running notifier). Checks made between the attachment and the next tick can be stale: a
+//!   BPF program on these tracepoints should return 1 to coexist with perf users (this
+//!   backend, `perf trace`).
 //!
 //! # Privilege
 //! tracefs must be mounted (for the tracepoint ids) and raw tracepoint samples need
@@ -89,7 +91,7 @@ pub(crate) use watcher::open as open_watcher;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{
-    AtomicBool, AtomicU64,
+    AtomicBool, AtomicU32, AtomicU64,
     Ordering::{Acquire, Relaxed, Release},
 };
 use std::sync::{Mutex, Once};
@@ -266,6 +268,9 @@ pub(crate) struct Perf {
     fds: Vec<OwnedFd>,
     /// Per ring, the index in `fds` of the event whose ring it is.
     leads: Vec<usize>,
+    /// The tracepoints (bits of the id table) the delivery thread's canary found quiet, which
+    /// killed the notifier; 0 while every one records.
+    quiet: AtomicU32,
 }
 
 /// Set in a forked child (`pthread_atfork`): the rings are not mapped there (`MADV_DONTFORK`)
@@ -392,6 +397,7 @@ impl Perf {
             }),
             fds,
             leads,
+            quiet: AtomicU32::new(0),
         };
         // Something may suppress the samples (below): refuse to start rather than run blind.
         let verdict = perf.canary(crate::sys::gettid(), &Discard);
@@ -436,6 +442,23 @@ impl Perf {
         } else {
             Canary::Suppressed(all & !d.seen)
         }
+    }
+
+    /// Records that the tracepoints `which` went quiet (the delivery thread, before it kills
+    /// the notifier). Event path: one store.
+    pub(crate) fn went_quiet(&self, which: u32) {
+        self.quiet.fetch_or(which, Release);
+    }
+
+    /// Why the notifier was killed, if a tracepoint went quiet (user threads: allocates).
+    pub(crate) fn quiet_reason(&self) -> Option<String> {
+        let which = self.quiet.load(Acquire);
+        (which != 0).then(|| {
+            format!(
+                "the tracepoints stopped recording after start: {}",
+                self.suppressed(which)
+            )
+        })
     }
 
     /// The tracepoints named by the bits of `which`, in words.

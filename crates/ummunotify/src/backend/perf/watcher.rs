@@ -2,7 +2,8 @@
 //! traced call of the process), a [`Probe`] every check pulls through, and a delivery thread that
 //! drains the rings when they fill to the wake-up watermark, and every [`TICK`] so that exits
 //! close their windows without waiting for a check. Each tick it also runs the canary
-//! ([`Perf::canary`]): a tracepoint that stopped recording kills the notifier.
+//! ([`Perf::canary`]): a tracepoint that stopped recording kills the notifier, and the
+//! notifier's errors then name it (`stopped_because`).
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
@@ -69,6 +70,12 @@ impl Watcher for PerfWatcher {
 
     fn probe(&self) -> Option<Box<dyn Probe>> {
         Some(Box::new(PerfProbe(self.0.clone())))
+    }
+
+    fn stopped_because(&self) -> Option<crate::Unsupported> {
+        self.0
+            .quiet_reason()
+            .map(|missing| crate::Unsupported::Perf { missing })
     }
 
     fn deliver(&self, sink: Arc<dyn Sink>) -> crate::Result<Box<dyn Delivery>> {
@@ -144,7 +151,8 @@ fn run(perf: &Perf, sink: &dyn Sink, control: &Control, tid: i32) {
             }
         }
         // The canary pulls too; a tracepoint gone quiet makes every check fail from now on.
-        if let super::Canary::Suppressed(_) = perf.canary(tid, &To(sink)) {
+        if let super::Canary::Suppressed(which) = perf.canary(tid, &To(sink)) {
+            perf.went_quiet(which);
             sink.kill();
         }
     }
