@@ -313,7 +313,8 @@ impl Coverage {
         if before.is_some_and(|(_, r)| r.end > start) {
             return false;
         }
-        let after = self.runs.range(end..).next().map(|(&s, &r)| (s, r));
+        // Only a run starting exactly at `end` can merge: one exact search, not a range.
+        let after = self.runs.get(&end).copied();
         let (mut s, mut e) = (start, end);
         if let Some((ps, p)) = before {
             if p.end == start && p.count == 1 {
@@ -321,10 +322,10 @@ impl Coverage {
                 self.runs.remove(&ps);
             }
         }
-        if let Some((ns, n)) = after {
-            if ns == end && n.count == 1 {
+        if let Some(n) = after {
+            if n.count == 1 {
                 e = n.end;
-                self.runs.remove(&ns);
+                self.runs.remove(&end);
             }
         }
         self.runs.insert(s, Segment { end: e, count: 1 });

@@ -536,3 +536,47 @@ fn miss_over_watched_pages_is_watched() {
     drop(h);
     unmap(a, 4 * pg);
 }
+
+/// Misses on overlapping and adjacent ranges from several threads, with merging and eviction:
+/// every handle covers what was asked, the registrar sees every region deregistered exactly once,
+/// and nothing is left registered once the memory is gone. Misses here race each other's publishes, the
+/// case where a publish must search the index again instead of trusting its plan (a debug build
+/// checks the plan's claim whenever it skips that search).
+#[test]
+fn racing_misses_on_overlapping_ranges_merge_and_evict() {
+    let _serial = serial();
+    let pg = page();
+    let cache = Cache::new(Counting::default(), Config::default().max_regions(6)).unwrap();
+    let pages = 48;
+    let a = map(pages * pg);
+    std::thread::scope(|s| {
+        for t in 0..4u64 {
+            let cache = &cache;
+            s.spawn(move || {
+                let mut x = 0x9e37_79b9_7f4a_7c15u64.wrapping_mul(t + 1);
+                for _ in 0..10_000 {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let first = (x % pages as u64) as usize;
+                    let n = 1 + ((x >> 8) % 3) as usize;
+                    let n = n.min(pages - first);
+                    // Not page aligned on either side, sometimes.
+                    let (start, end) = (
+                        a + first * pg + (x >> 20) as usize % 64,
+                        a + (first + n) * pg,
+                    );
+                    let h = cache.get(start, end - start).unwrap();
+                    assert!(h.range().start <= start && end <= h.range().end);
+                }
+            });
+        }
+    });
+    let s = cache.stats();
+    assert!(s.regions <= 6, "{s:?}");
+    unmap(a, pages * pg);
+    cache.flush();
+    let r = cache.registrar();
+    assert!(r.live.lock().unwrap().is_empty());
+    assert_eq!(r.registered.load(SeqCst), r.deregistered.load(SeqCst));
+}

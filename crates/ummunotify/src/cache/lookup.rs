@@ -8,6 +8,7 @@
 
 use std::cell::UnsafeCell;
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use super::entry::Entry;
@@ -26,6 +27,10 @@ struct Stripe(RwLock<()>);
 pub(super) struct Lookup<K> {
     stripes: Box<[Stripe]>,
     index: UnsafeCell<Index<K>>,
+    /// Write accesses handed out so far: equal at two moments, no writer came in between (a
+    /// miss's publish then knows what overlaps its range without looking again). Only writers,
+    /// who hold the cache's miss lock, change it; they read it under that lock too.
+    writes: AtomicU64,
 }
 
 // SAFETY: the index is read only under a stripe's read lock and written only under every
@@ -72,7 +77,13 @@ impl<K> Lookup<K> {
                 .map(|_| Stripe(RwLock::new(())))
                 .collect(),
             index: UnsafeCell::new(BTreeMap::new()),
+            writes: AtomicU64::new(0),
         }
+    }
+
+    /// How many write accesses were handed out (see `writes`); callers hold the miss lock.
+    pub(super) fn writes(&self) -> u64 {
+        self.writes.load(Relaxed)
     }
 
     /// Read access through stripe `stripe` modulo the number of stripes.
@@ -90,6 +101,7 @@ impl<K> Lookup<K> {
     /// never race each other for the stripes). The guards live in an array: no allocation on a
     /// miss for them.
     pub(super) fn write(&self) -> WriteGuard<'_, K> {
+        self.writes.fetch_add(1, Relaxed);
         let guards: [_; STRIPES] = std::array::from_fn(|i| {
             let s = self.stripes.get(i)?;
             Some(s.0.write().unwrap_or_else(|p| p.into_inner()))

@@ -226,6 +226,8 @@ struct MissPlan<K> {
     /// Cached regions the union covers: merged away when it is published.
     absorb: Vec<Arc<Entry<K>>>,
     cookie: Cookie,
+    /// The index's write count when the plan was made (see `Lookup::writes`).
+    writes: u64,
 }
 
 /// A registration cache over a [`Registrar`], kept correct by a [`Notifier`].
@@ -957,21 +959,20 @@ impl<R: Registrar> Cache<R> {
         let mut union = want.clone();
         {
             let index = self.lookup.read(slot.map_or(0, |s| s.stripe));
-            if let Some(e) = covering(&index, addr, end) {
-                if self.notifier.is_valid(e.token) {
-                    let handle = self.hold(slot, e);
-                    drop(index);
-                    self.count_slow_hit(slot);
-                    return Err(handle);
-                }
-            }
-            // Regions overlapping or touching `want`, walking down from its end.
+            // Regions overlapping or touching `want`, walking down from its end. One search for
+            // both questions: regions never overlap, so one covering the range (a hit: another
+            // thread registered it meanwhile) is among them.
             for (_, e) in index.range(..=want.end).rev() {
                 if e.end < want.start {
                     break;
                 }
                 if !self.notifier.is_valid(e.token) {
                     dead.push(e.clone());
+                } else if e.covers(addr, end) {
+                    let handle = self.hold(slot, e);
+                    drop(index);
+                    self.count_slow_hit(slot);
+                    return Err(handle);
                 } else if (e.end > want.start && e.start < want.end)
                     || (merge && self.config.merge_adjacent)
                 {
@@ -1008,6 +1009,7 @@ impl<R: Registrar> Cache<R> {
             union,
             absorb,
             cookie,
+            writes: self.lookup.writes(),
         })
     }
 
@@ -1035,6 +1037,7 @@ impl<R: Registrar> Cache<R> {
             union,
             mut absorb,
             cookie,
+            writes,
         } = plan;
         let mut st = self.lock_state();
         st.pending_regions -= 1;
@@ -1046,7 +1049,26 @@ impl<R: Registrar> Cache<R> {
         // Kept for the insertion below when nothing is absorbed (the common case): one round of
         // the stripes' write locks per miss, not two.
         let mut checked = None;
-        if usable {
+        // Unless a writer came in since the plan (its write count is unchanged), what overlaps
+        // the union is exactly what the plan absorbed: regions never overlap, and the plan saw
+        // every one overlapping the requested range (the union is that range and the absorbed
+        // regions next to it). Then only an absorbed region reaching past the union (a union cut
+        // back to the range) makes it unusable, and the index need not be searched again.
+        let unchanged = writes == self.lookup.writes()
+            && absorb
+                .iter()
+                .all(|a| a.start >= union.start && a.end <= union.end);
+        if usable && unchanged {
+            let index = checked.insert(self.lookup.write());
+            debug_assert!(
+                index
+                    .range(..union.end)
+                    .rev()
+                    .take_while(|(_, e)| e.end > union.start)
+                    .all(|(_, e)| absorb.iter().any(|a| Arc::ptr_eq(a, e))),
+                "a region overlaps the union that the plan did not absorb"
+            );
+        } else if usable {
             let index = checked.insert(self.lookup.write());
             for (_, e) in index.range(..union.end).rev() {
                 if e.end <= union.start {
