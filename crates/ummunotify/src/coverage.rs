@@ -7,7 +7,7 @@
 //!
 //! Runs under the registry lock only (user threads), so it may allocate.
 
-use std::collections::BTreeMap;
+use crate::sorted_map::SortedMap;
 
 /// Every Linux page size is a multiple of this; ranges must be aligned to it at least.
 const MIN_PAGE_SIZE: u64 = 4096;
@@ -129,7 +129,7 @@ struct Segment {
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Coverage {
     /// Runs keyed by start address.
-    runs: BTreeMap<u64, Segment>,
+    runs: SortedMap<Segment>,
 }
 
 impl Coverage {
@@ -418,7 +418,7 @@ impl Coverage {
     #[cfg(test)]
     fn check_invariants(&self) {
         let mut prev: Option<(u64, Segment)> = None;
-        for (&s, &run) in &self.runs {
+        for (&s, &run) in self.runs.iter() {
             assert!(s < run.end, "empty run at {s:#x}");
             assert!(run.count > 0, "zero-count run at {s:#x}");
             if let Some((_, p)) = prev {

@@ -102,6 +102,8 @@ mod segvec;
 #[cfg(not(loom))]
 mod sink;
 #[cfg(not(loom))]
+mod sorted_map;
+#[cfg(not(loom))]
 mod sys;
 
 #[cfg(not(loom))]
