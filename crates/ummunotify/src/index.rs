@@ -173,8 +173,24 @@ fn update<N: Nodes + ?Sized>(nodes: &mut N, id: u32) {
     let Node {
         end, left, right, ..
     } = *nodes.node(id);
-    let h = height(nodes, left).max(height(nodes, right)) + 1;
-    let m = end.max(max_end(nodes, left)).max(max_end(nodes, right));
+    let (hl, ml) = summary(nodes, left);
+    let (hr, mr) = summary(nodes, right);
+    set_summary(nodes, id, hl.max(hr) + 1, end.max(ml).max(mr));
+}
+
+/// Height and largest end of the subtree at `id` (`(0, 0)` for none): one node read.
+#[inline]
+fn summary<N: Nodes + ?Sized>(nodes: &N, id: u32) -> (u8, u64) {
+    if id == NIL {
+        (0, 0)
+    } else {
+        let n = nodes.node(id);
+        (n.height(), n.max_end())
+    }
+}
+
+#[inline]
+fn set_summary<N: Nodes + ?Sized>(nodes: &mut N, id: u32, h: u8, m: u64) {
     let node = nodes.node_mut(id);
     node.set_height(h);
     node.max_end = node.encode_max_end(m);
@@ -205,9 +221,13 @@ fn rotate_left<N: Nodes + ?Sized>(nodes: &mut N, id: u32) -> u32 {
 /// Restores the AVL balance at `id` (whose children are balanced and differ in height by at
 /// most 2) and its augmentation; returns the new subtree root.
 fn rebalance<N: Nodes + ?Sized>(nodes: &mut N, id: u32) -> u32 {
-    update(nodes, id);
-    let Node { left, right, .. } = *nodes.node(id);
-    let (hl, hr) = (height(nodes, left), height(nodes, right));
+    // Each child read once: balanced (the common case), that is all `update` would read too;
+    // a rotation updates `id` itself.
+    let Node {
+        end, left, right, ..
+    } = *nodes.node(id);
+    let (hl, ml) = summary(nodes, left);
+    let (hr, mr) = summary(nodes, right);
     if hl > hr + 1 {
         let (ll, lr) = (nodes.node(left).left, nodes.node(left).right);
         if height(nodes, ll) < height(nodes, lr) {
@@ -223,6 +243,7 @@ fn rebalance<N: Nodes + ?Sized>(nodes: &mut N, id: u32) -> u32 {
         }
         rotate_left(nodes, id)
     } else {
+        set_summary(nodes, id, hl.max(hr) + 1, end.max(ml).max(mr));
         id
     }
 }
