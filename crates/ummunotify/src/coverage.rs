@@ -260,6 +260,23 @@ impl Coverage {
         out
     }
 
+    /// The parts of `[start, end)` with a count above 0, sorted and maximal: what `fill` added
+    /// there, for a coverage used as a set.
+    pub(crate) fn covered(&self, start: u64, end: u64) -> Ranges {
+        let mut out = Ranges::default();
+        let mut pos = start;
+        for (s, e) in self.uncovered(start, end) {
+            if pos < s {
+                out.push((pos, s));
+            }
+            pos = e;
+        }
+        if pos < end {
+            out.push((pos, end));
+        }
+        out
+    }
+
     /// Calls `f(s, e)` for each maximal covered (count > 0) part of `[start, end)`, in order.
     /// No allocation.
     pub(crate) fn for_each_covered(&self, start: u64, end: u64, mut f: impl FnMut(u64, u64)) {

@@ -11,6 +11,8 @@
 
 use std::cell::UnsafeCell;
 use std::collections::{BTreeMap, HashMap};
+
+use crate::coverage::Coverage;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicUsize};
 use std::sync::Mutex;
@@ -188,65 +190,15 @@ fn global_add(s: u64, e: u64, delta: i32) {
 /// The pages one hooks notifier watches, counted once each in the filter. User threads only
 /// (under the notifier's registry lock); may allocate.
 pub(crate) struct Watch {
-    ranges: Mutex<BTreeMap<u64, u64>>,
-}
-
-/// Inserts `[s, e)` into a set of disjoint ranges; returns the parts that were not in it.
-fn insert(ranges: &mut BTreeMap<u64, u64>, s: u64, e: u64) -> Vec<(u64, u64)> {
-    let hit: Vec<(u64, u64)> = ranges
-        .range(..=e)
-        .rev()
-        .take_while(|(_, &re)| re >= s)
-        .map(|(&k, &v)| (k, v))
-        .collect();
-    let mut added = Vec::new();
-    let mut at = s;
-    for &(k, v) in hit.iter().rev() {
-        if k > at {
-            added.push((at, k.min(e)));
-        }
-        at = at.max(v);
-    }
-    if at < e {
-        added.push((at, e));
-    }
-    let (mut ns, mut ne) = (s, e);
-    for (k, v) in hit {
-        ranges.remove(&k);
-        ns = ns.min(k);
-        ne = ne.max(v);
-    }
-    ranges.insert(ns, ne);
-    added
-}
-
-/// Removes `[s, e)` from a set of disjoint ranges; returns the parts that were in it.
-fn remove(ranges: &mut BTreeMap<u64, u64>, s: u64, e: u64) -> Vec<(u64, u64)> {
-    let hit: Vec<(u64, u64)> = ranges
-        .range(..e)
-        .rev()
-        .take_while(|(_, &re)| re > s)
-        .map(|(&k, &v)| (k, v))
-        .collect();
-    let mut removed = Vec::new();
-    for (k, v) in hit {
-        ranges.remove(&k);
-        removed.push((k.max(s), v.min(e)));
-        if k < s {
-            ranges.insert(k, s);
-        }
-        if v > e {
-            ranges.insert(e, v);
-        }
-    }
-    removed
+    /// Used as a set: every page in it has count 1.
+    pages: Mutex<Coverage>,
 }
 
 impl Watch {
     pub(crate) fn new() -> Watch {
         super::guard_fork();
         Watch {
-            ranges: Mutex::new(BTreeMap::new()),
+            pages: Mutex::new(Coverage::new()),
         }
     }
 
@@ -254,8 +206,8 @@ impl Watch {
     /// now on (SeqCst, before the caller checks that the pages are still mapped).
     pub(crate) fn watch(&self, start: u64, end: u64) {
         if start < end {
-            let mut r = self.ranges.lock().unwrap_or_else(|p| p.into_inner());
-            for (s, e) in insert(&mut r, start, end) {
+            let mut pages = self.pages.lock().unwrap_or_else(|p| p.into_inner());
+            for (s, e) in pages.fill(start, end) {
                 global_add(s, e, 1);
             }
         }
@@ -264,8 +216,9 @@ impl Watch {
     /// Stops watching `[start, end)`.
     pub(crate) fn unwatch(&self, start: u64, end: u64) {
         if start < end {
-            let mut r = self.ranges.lock().unwrap_or_else(|p| p.into_inner());
-            for (s, e) in remove(&mut r, start, end) {
+            let mut pages = self.pages.lock().unwrap_or_else(|p| p.into_inner());
+            for (s, e) in pages.covered(start, end) {
+                pages.remove(s, e);
                 global_add(s, e, -1);
             }
         }
@@ -274,10 +227,10 @@ impl Watch {
 
 impl Drop for Watch {
     fn drop(&mut self) {
-        let r = self.ranges.get_mut().unwrap_or_else(|p| p.into_inner());
-        for (&s, &e) in r.iter() {
+        let pages = self.pages.get_mut().unwrap_or_else(|p| p.into_inner());
+        pages.for_each_covered(0, u64::MAX, |s, e| {
             global_add(s, e, -1);
-        }
+        });
     }
 }
 
@@ -286,25 +239,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn range_sets_report_what_changed() {
-        let mut r = BTreeMap::new();
-        assert_eq!(insert(&mut r, 0x1000, 0x3000), vec![(0x1000, 0x3000)]);
-        assert_eq!(
-            insert(&mut r, 0x0, 0x5000),
-            vec![(0x0, 0x1000), (0x3000, 0x5000)]
-        );
-        assert_eq!(insert(&mut r, 0x2000, 0x3000), vec![]);
-        assert_eq!(r.len(), 1);
-        assert_eq!(remove(&mut r, 0x2000, 0x4000), vec![(0x2000, 0x4000)]);
-        assert_eq!(
-            r.iter().map(|(&a, &b)| (a, b)).collect::<Vec<_>>(),
-            vec![(0x0, 0x2000), (0x4000, 0x5000)]
-        );
-        assert_eq!(
-            remove(&mut r, 0x0, 0x10000),
-            vec![(0x4000, 0x5000), (0x0, 0x2000)]
-        );
-        assert!(r.is_empty());
+    fn a_watch_counts_each_page_once() {
+        // A high address no other test watches, half a bucket cycle (1 GiB) away from the
+        // other test's: no bucket shared, so no false "maybe".
+        let base = 0x7d00_2000_0000u64;
+        let w = Watch::new();
+        w.watch(base + 0x1000, base + 0x3000);
+        w.watch(base, base + 0x5000); // overlapping: only the new pages are added
+        w.watch(base + 0x2000, base + 0x3000); // already watched: nothing
+        w.unwatch(base + 0x2000, base + 0x4000);
+        assert!(maybe_watched(base, base + 0x2000));
+        assert!(!maybe_watched(base + 0x2000, base + 0x4000));
+        assert!(maybe_watched(base + 0x4000, base + 0x5000));
+        // Counted once: one unwatch of the whole range clears every page.
+        w.unwatch(base, base + 0x10000);
+        assert!(!maybe_watched(base, base + 0x10000));
+        w.unwatch(base, base + 0x10000); // nothing watched: nothing happens
+        assert!(!maybe_watched(base, base + 0x10000));
     }
 
     #[test]

@@ -395,7 +395,7 @@ impl Watches {
 
     /// `at` stops watching `[start, end)`.
     fn remove(&mut self, at: usize, start: u64, end: u64) {
-        for (s, e) in covered(&self.sets[at], start, end) {
+        for (s, e) in self.sets[at].covered(start, end) {
             self.sets[at].remove(s, e);
             if let Some(all) = &mut self.all {
                 all.remove(s, e);
@@ -428,22 +428,6 @@ pub(crate) struct UffdWatcher {
 /// The [`Watcher`] of one notifier on the process's context.
 pub(crate) fn watcher(ctx: Arc<Context>) -> Box<dyn Watcher> {
     Box::new(UffdWatcher::new(ctx, true))
-}
-
-/// The parts of `[start, end)` that `c` covers.
-fn covered(c: &Coverage, start: u64, end: u64) -> Ranges {
-    let mut out = Ranges::default();
-    let mut pos = start;
-    for (s, e) in c.uncovered(start, end) {
-        if pos < s {
-            out.push((pos, s));
-        }
-        pos = e;
-    }
-    if pos < end {
-        out.push((pos, end));
-    }
-    out
 }
 
 impl UffdWatcher {
@@ -530,7 +514,7 @@ impl Drop for UffdWatcher {
             return;
         }
         let mut w = self.ctx.watches();
-        for (s, e) in covered(&w.sets[self.at], 0, !4095) {
+        for (s, e) in w.sets[self.at].covered(0, !4095) {
             w.remove(self.at, s, e);
             self.unwatch_unneeded(&w, s, e);
         }
