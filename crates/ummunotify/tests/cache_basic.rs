@@ -550,11 +550,11 @@ fn racing_misses_on_overlapping_ranges_merge_and_evict() {
     let pages = 48;
     let a = map(pages * pg);
     std::thread::scope(|s| {
-        for t in 0..4u64 {
+        for t in 0..8u64 {
             let cache = &cache;
             s.spawn(move || {
                 let mut x = 0x9e37_79b9_7f4a_7c15u64.wrapping_mul(t + 1);
-                for _ in 0..10_000 {
+                for _ in 0..20_000 {
                     x ^= x << 13;
                     x ^= x >> 7;
                     x ^= x << 17;

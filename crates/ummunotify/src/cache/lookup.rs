@@ -27,9 +27,9 @@ struct Stripe(RwLock<()>);
 pub(super) struct Lookup<K> {
     stripes: Box<[Stripe]>,
     index: UnsafeCell<Index<K>>,
-    /// Write accesses handed out so far: equal at two moments, no writer came in between (a
-    /// miss's publish then knows what overlaps its range without looking again). Only writers,
-    /// who hold the cache's miss lock, change it; they read it under that lock too.
+    /// Write accesses finished so far, counted as each ends (all stripes still held): equal at
+    /// two moments, the index did not change in between. A reader reads it under its stripe,
+    /// so its count and what it saw agree; writers hold the cache's miss lock.
     writes: AtomicU64,
 }
 
@@ -55,6 +55,14 @@ impl<K> std::ops::Deref for ReadGuard<'_, K> {
 pub(super) struct WriteGuard<'a, K> {
     _g: [Option<RwLockWriteGuard<'a, ()>>; STRIPES],
     index: &'a mut Index<K>,
+    writes: &'a AtomicU64,
+}
+
+impl<K> Drop for WriteGuard<'_, K> {
+    /// Counted before the stripes are released (fields drop after this).
+    fn drop(&mut self) {
+        self.writes.fetch_add(1, Relaxed);
+    }
 }
 
 impl<K> std::ops::Deref for WriteGuard<'_, K> {
@@ -81,7 +89,7 @@ impl<K> Lookup<K> {
         }
     }
 
-    /// How many write accesses were handed out (see `writes`); callers hold the miss lock.
+    /// How many write accesses have ended (see `writes`): under a stripe or the miss lock.
     pub(super) fn writes(&self) -> u64 {
         self.writes.load(Relaxed)
     }
@@ -101,14 +109,17 @@ impl<K> Lookup<K> {
     /// never race each other for the stripes). The guards live in an array: no allocation on a
     /// miss for them.
     pub(super) fn write(&self) -> WriteGuard<'_, K> {
-        self.writes.fetch_add(1, Relaxed);
         let guards: [_; STRIPES] = std::array::from_fn(|i| {
             let s = self.stripes.get(i)?;
             Some(s.0.write().unwrap_or_else(|p| p.into_inner()))
         });
         // SAFETY: every stripe is write-locked: no reader and no other writer exists.
         let index = unsafe { &mut *self.index.get() };
-        WriteGuard { _g: guards, index }
+        WriteGuard {
+            _g: guards,
+            index,
+            writes: &self.writes,
+        }
     }
 
     /// Exclusive access through `&mut self` (drop).

@@ -378,6 +378,39 @@ fn page_round(start: usize, end: usize) -> Option<Range<usize>> {
     Some(s..e)
 }
 
+/// What the slow hit path saw on its way to a miss: the regions overlapping or touching the
+/// page-rounded range, as the plan walks them, and the index's write count then (read under
+/// the same stripe). The plan uses them instead of searching again if the count did not move.
+struct Seen<K> {
+    writes: u64,
+    near: Vec<Arc<Entry<K>>>,
+}
+
+/// Walks `index` down from `want.end` (the page-rounded `[addr, end)`): the valid region
+/// covering `[addr, end)` if there is one (`Ok`), else every region overlapping or touching
+/// `want` (`Err`, nearest the end first). Regions never overlap, so the covering one, if any,
+/// is among those.
+#[allow(clippy::type_complexity)]
+fn walk<'i, K>(
+    index: &'i lookup::Index<K>,
+    notifier: &Notifier,
+    addr: usize,
+    end: usize,
+    want: &Range<usize>,
+) -> Result<&'i Arc<Entry<K>>, Vec<Arc<Entry<K>>>> {
+    let mut near = Vec::new();
+    for (_, e) in index.range(..=want.end).rev() {
+        if e.end < want.start {
+            break;
+        }
+        if e.covers(addr, end) && notifier.is_valid(e.token) {
+            return Ok(e);
+        }
+        near.push(e.clone());
+    }
+    Err(near)
+}
+
 /// Finds the live entry covering `[start, end)` in `index`.
 fn covering<K>(index: &lookup::Index<K>, start: usize, end: usize) -> Option<&Arc<Entry<K>>> {
     index
@@ -554,11 +587,13 @@ impl<R: Registrar> Cache<R> {
                 return Ok(h);
             }
         }
+        // No region can cover memory whose page-rounded end wraps.
+        let want = page_round(addr, end).ok_or(crate::Error::WrappingRange)?;
         // The index, under this thread's stripe.
-        {
+        let seen = {
             let index = self.lookup.read(slot.map_or(0, |s| s.stripe));
-            if let Some(e) = covering(&index, addr, end) {
-                if self.notifier.is_valid(e.token) {
+            match walk(&index, &self.notifier, addr, end, &want) {
+                Ok(e) => {
                     // Published under the stripe lock: a retirer removes the entry under every
                     // stripe's write lock, so it sees this hold (no fence needed here).
                     let handle = self.hold(slot, e);
@@ -581,9 +616,13 @@ impl<R: Registrar> Cache<R> {
                     handle.entry().touch();
                     return Ok(handle);
                 }
+                Err(near) => Seen {
+                    writes: self.lookup.writes(),
+                    near,
+                },
             }
-        }
-        self.miss(slot, addr, end)
+        };
+        self.miss(slot, addr, end, want, seen)
     }
 
     /// Holds `e` for a new handle: a hazard slot of this thread, or the entry's shared count.
@@ -893,14 +932,17 @@ impl<R: Registrar> Cache<R> {
         slot: Option<&'c ThreadSlot>,
         addr: usize,
         end: usize,
+        want: Range<usize>,
+        seen: Seen<R::Key>,
     ) -> Result<Handle<'c, R>, Error> {
-        let want = page_round(addr, end).ok_or(crate::Error::WrappingRange)?;
         let mut merge = true;
+        let mut seen = Some(seen);
         for _ in 0..MISS_ATTEMPTS {
             let plan = {
                 let mut st = self.lock_state();
                 let mut free = self.housekeep(&mut st, false);
-                let plan = self.plan_miss(&mut st, slot, addr, end, &want, merge, &mut free);
+                let seen = seen.take();
+                let plan = self.plan_miss(&mut st, slot, addr, end, &want, merge, seen, &mut free);
                 free.extend(self.reclaim(&mut st));
                 drop(st);
                 self.deregister(free);
@@ -953,32 +995,52 @@ impl<R: Registrar> Cache<R> {
         end: usize,
         want: &Range<usize>,
         merge: bool,
+        seen: Option<Seen<R::Key>>,
         free: &mut Vec<Arc<Entry<R::Key>>>,
     ) -> Result<MissPlan<R::Key>, Handle<'c, R>> {
         let (mut absorb, mut dead) = (Vec::new(), Vec::new());
         let mut union = want.clone();
-        {
-            let index = self.lookup.read(slot.map_or(0, |s| s.stripe));
-            // Regions overlapping or touching `want`, walking down from its end. One search for
-            // both questions: regions never overlap, so one covering the range (a hit: another
-            // thread registered it meanwhile) is among them.
-            for (_, e) in index.range(..=want.end).rev() {
-                if e.end < want.start {
-                    break;
+        // Regions overlapping or touching `want`: what the hit path saw, if the index did not
+        // change since (then no covering region appeared either: a region's token never becomes
+        // valid again), else a new search, which may find one (another thread registered the
+        // range meanwhile: a hit).
+        let near = match seen.filter(|s| s.writes == self.lookup.writes()) {
+            Some(seen) => {
+                debug_assert!(
+                    walk(
+                        &self.lookup.read(slot.map_or(0, |s| s.stripe)),
+                        &self.notifier,
+                        addr,
+                        end,
+                        want
+                    )
+                    .is_err_and(|now| now.len() == seen.near.len()
+                        && now.iter().zip(&seen.near).all(|(a, b)| Arc::ptr_eq(a, b))),
+                    "the index changed without its write count"
+                );
+                seen.near
+            }
+            None => {
+                let index = self.lookup.read(slot.map_or(0, |s| s.stripe));
+                match walk(&index, &self.notifier, addr, end, want) {
+                    Ok(e) => {
+                        let handle = self.hold(slot, e);
+                        drop(index);
+                        self.count_slow_hit(slot);
+                        return Err(handle);
+                    }
+                    Err(near) => near,
                 }
-                if !self.notifier.is_valid(e.token) {
-                    dead.push(e.clone());
-                } else if e.covers(addr, end) {
-                    let handle = self.hold(slot, e);
-                    drop(index);
-                    self.count_slow_hit(slot);
-                    return Err(handle);
-                } else if (e.end > want.start && e.start < want.end)
-                    || (merge && self.config.merge_adjacent)
-                {
-                    // Overlapping (always merged), or touching (merged if configured).
-                    absorb.push(e.clone());
-                }
+            }
+        };
+        for e in near {
+            if !self.notifier.is_valid(e.token) {
+                dead.push(e);
+            } else if (e.end > want.start && e.start < want.end)
+                || (merge && self.config.merge_adjacent)
+            {
+                // Overlapping (always merged), or touching (merged if configured).
+                absorb.push(e);
             }
         }
         for e in &absorb {
