@@ -315,8 +315,8 @@ impl Coverage {
     /// before `end` must end by `start`).
     fn untouched(&self, start: u64, end: u64) -> bool {
         self.runs
-            .range(..end)
-            .next_back()
+            .around(end)
+            .0
             .is_none_or(|(_, run)| run.end <= start)
     }
 
@@ -326,12 +326,14 @@ impl Coverage {
     /// general path's split, walk and coalescing (a miss of the cache paid ~10,000 instructions
     /// in coverage before this: issue 23).
     fn add_isolated(&mut self, start: u64, end: u64) -> bool {
-        let before = self.runs.range(..end).next_back().map(|(&s, &r)| (s, r));
+        // The last run starting below `end` and the first from it, in one search.
+        let (before, after) = self.runs.around(end);
+        let before = before.map(|(s, &r)| (s, r));
         if before.is_some_and(|(_, r)| r.end > start) {
             return false;
         }
-        // Only a run starting exactly at `end` can merge: one exact search, not a range.
-        let after = self.runs.get(&end).copied();
+        // Only a run starting exactly at `end` can merge.
+        let after = after.filter(|&(s, _)| s == end).map(|(_, &r)| r);
         let (mut s, mut e) = (start, end);
         if let Some((ps, p)) = before {
             if p.end == start && p.count == 1 {
@@ -353,7 +355,13 @@ impl Coverage {
     /// region shares): the run loses those pages. Its neighbours never have count 1 (runs are
     /// maximal), so nothing needs merging. Returns false (nothing done) otherwise.
     fn remove_from_single(&mut self, start: u64, end: u64) -> bool {
-        let Some((s, run)) = self.runs.range(..=start).next_back().map(|(&s, &r)| (s, r)) else {
+        // The run starting at or before `start`.
+        let (below, above) = self.runs.around(start);
+        let Some((s, run)) = above
+            .filter(|&(s, _)| s == start)
+            .or(below)
+            .map(|(s, &r)| (s, r))
+        else {
             return false;
         };
         if run.count != 1 || run.end < end {

@@ -48,6 +48,9 @@ impl<V> Default for SortedMap<V> {
     }
 }
 
+/// A key and a reference to its value.
+pub(crate) type Entry<'a, V> = (u64, &'a V);
+
 /// A place between entries: before entry `pos` of leaf `leaf` (`pos` may be the leaf's length:
 /// the place after its last entry, the same as before the next leaf's first).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -154,6 +157,31 @@ impl<V> SortedMap<V> {
     #[cfg(test)]
     pub(crate) fn values(&self) -> impl Iterator<Item = &V> {
         self.iter().map(|(_, v)| v)
+    }
+
+    /// The last entry with a key below `key` and the first with a key at or above it: a
+    /// predecessor and a successor in one search.
+    pub(crate) fn around(&self, key: u64) -> (Option<Entry<'_, V>>, Option<Entry<'_, V>>) {
+        if self.leaves.is_empty() {
+            return (None, None);
+        }
+        let i = self.leaf_for(key);
+        let leaf = &self.leaves[i];
+        let pos = leaf.partition_point(|&(k, _)| k < key);
+        let below = match pos {
+            // Leaf `i` starts at `key` (or above it, when it is leaf 0): the one before ends
+            // below it.
+            0 => i
+                .checked_sub(1)
+                .and_then(|j| self.leaves[j].last())
+                .map(|(k, v)| (*k, v)),
+            p => Some((leaf[p - 1].0, &leaf[p - 1].1)),
+        };
+        let above = match leaf.get(pos) {
+            Some((k, v)) => Some((*k, v)),
+            None => self.leaves.get(i + 1).map(|l| (l[0].0, &l[0].1)),
+        };
+        (below, above)
     }
 
     /// The value at `key`.
@@ -289,6 +317,9 @@ mod tests {
                     2 => prop_assert_eq!(m.remove(&k), model.remove(&k)),
                     _ => {
                         prop_assert_eq!(m.get(&k), model.get(&k));
+                        let (below, above) = m.around(k);
+                        prop_assert_eq!(below, model.range(..k).next_back().map(|(&a, b)| (a, b)));
+                        prop_assert_eq!(above, model.range(k..).next().map(|(&a, b)| (a, b)));
                         let (lo, hi) = (bound(lk, k.min(hk)), bound(hkind, k.max(hk)));
                         // `BTreeMap` panics on a range with equal excluded ends.
                         if matches!((lo, hi), (Bound::Excluded(a), Bound::Excluded(b)) if a == b) {
