@@ -270,6 +270,9 @@ fn insert_leaf<N: Nodes + ?Sized>(nodes: &mut N, root: u32, id: u32, start: u64)
     }
     let mut child = id;
     let mut grew = true;
+    // The child's `max_end` as stored (raw) and as it reads (`Node::max_end`), carried up from
+    // the level below, which just wrote or read it: no level reads its child again.
+    let mut carried = (MAX_END_UNKNOWN, u64::MAX);
     while depth > 0 {
         depth -= 1;
         let (p, left) = path[depth];
@@ -283,7 +286,9 @@ fn insert_leaf<N: Nodes + ?Sized>(nodes: &mut N, root: u32, id: u32, start: u64)
         if grew {
             let h = n.height();
             child = rebalance(nodes, p);
-            grew = nodes.node(child).height() != h;
+            let c = nodes.node(child);
+            grew = c.height() != h;
+            carried = (c.max_end, c.max_end());
             continue;
         }
         // Only `max_end` may change here, to what `update` would compute. Both known: the
@@ -291,20 +296,22 @@ fn insert_leaf<N: Nodes + ?Sized>(nodes: &mut N, root: u32, id: u32, start: u64)
         // Else (a child's may have become unknown, or known again under a rotated root) it is
         // recomputed from both children.
         let (old, mine) = (n.max_end, n.max_end());
-        let c = nodes.node(child);
-        let m = if old != MAX_END_UNKNOWN && c.max_end != MAX_END_UNKNOWN {
-            mine.max(c.max_end())
+        let n = if old != MAX_END_UNKNOWN && carried.0 != MAX_END_UNKNOWN {
+            n.max_end = n.encode_max_end(mine.max(carried.1));
+            n
         } else {
             let Node {
                 end, left, right, ..
-            } = *nodes.node(p);
-            end.max(max_end(nodes, left)).max(max_end(nodes, right))
+            } = *n;
+            let m = end.max(max_end(nodes, left)).max(max_end(nodes, right));
+            let n = nodes.node_mut(p);
+            n.max_end = n.encode_max_end(m);
+            n
         };
-        let n = nodes.node_mut(p);
-        n.max_end = n.encode_max_end(m);
         if old_child == child && n.max_end == old {
             return root;
         }
+        carried = (n.max_end, n.max_end());
         child = p;
     }
     child

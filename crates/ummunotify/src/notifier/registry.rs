@@ -118,6 +118,10 @@ impl LostRanges {
 
     /// Removes `[start, end)` (watched again).
     pub(super) fn remove(&mut self, start: u64, end: u64) {
+        if self.runs.is_empty() {
+            // The common case (nothing lost): every registration calls this.
+            return;
+        }
         let first = self
             .runs
             .range(..start)
