@@ -264,16 +264,7 @@ impl Coverage {
     /// there, for a coverage used as a set.
     pub(crate) fn covered(&self, start: u64, end: u64) -> Ranges {
         let mut out = Ranges::default();
-        let mut pos = start;
-        for (s, e) in self.uncovered(start, end) {
-            if pos < s {
-                out.push((pos, s));
-            }
-            pos = e;
-        }
-        if pos < end {
-            out.push((pos, end));
-        }
+        self.for_each_covered(start, end, |s, e| out.push((s, e)));
         out
     }
 

@@ -151,16 +151,6 @@ fn height<N: Nodes + ?Sized>(nodes: &N, id: u32) -> u8 {
     }
 }
 
-/// Largest `end` in `id`'s subtree (0 for [`NIL`]).
-#[inline]
-fn max_end<N: Nodes + ?Sized>(nodes: &N, id: u32) -> u64 {
-    if id == NIL {
-        0
-    } else {
-        nodes.node(id).max_end()
-    }
-}
-
 /// Orders nodes by `(start, id)`.
 #[inline]
 fn cmp_key(a_start: u64, a_id: u32, b_start: u64, b_id: u32) -> Ordering {
@@ -294,19 +284,15 @@ fn insert_leaf<N: Nodes + ?Sized>(nodes: &mut N, root: u32, id: u32, start: u64)
         // Only `max_end` may change here, to what `update` would compute. Both known: the
         // subtree only gained what the child's subtree gained, so the larger of the two is it.
         // Else (a child's may have become unknown, or known again under a rotated root) it is
-        // recomputed from both children.
+        // recomputed from both children by `update` (the height it writes is the one the node
+        // has: the child kept its height).
         let (old, mine) = (n.max_end, n.max_end());
         let n = if old != MAX_END_UNKNOWN && carried.0 != MAX_END_UNKNOWN {
             n.max_end = n.encode_max_end(mine.max(carried.1));
             n
         } else {
-            let Node {
-                end, left, right, ..
-            } = *n;
-            let m = end.max(max_end(nodes, left)).max(max_end(nodes, right));
-            let n = nodes.node_mut(p);
-            n.max_end = n.encode_max_end(m);
-            n
+            update(nodes, p);
+            nodes.node_mut(p)
         };
         if old_child == child && n.max_end == old {
             return root;

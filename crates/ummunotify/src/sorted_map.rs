@@ -162,12 +162,10 @@ impl<V> SortedMap<V> {
     /// The last entry with a key below `key` and the first with a key at or above it: a
     /// predecessor and a successor in one search.
     pub(crate) fn around(&self, key: u64) -> (Option<Entry<'_, V>>, Option<Entry<'_, V>>) {
-        if self.leaves.is_empty() {
+        let Place { leaf: i, pos } = self.place_after(key, false);
+        let Some(leaf) = self.leaves.get(i) else {
             return (None, None);
-        }
-        let i = self.leaf_for(key);
-        let leaf = &self.leaves[i];
-        let pos = leaf.partition_point(|&(k, _)| k < key);
+        };
         let below = match pos {
             // Leaf `i` starts at `key` (or above it, when it is leaf 0): the one before ends
             // below it.

@@ -11,11 +11,11 @@
 
 use std::cell::UnsafeCell;
 use std::collections::{BTreeMap, HashMap};
-
-use crate::coverage::Coverage;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicUsize};
 use std::sync::Mutex;
+
+use crate::coverage::Coverage;
 
 const PAGE_SHIFT: u32 = 12;
 const PAGES_PER_GRANULE: u64 = 16;
