@@ -22,7 +22,7 @@ pub(crate) struct CookieTable {
 
 /// Where a cookie that is not in the table would go, while the table does not change: a
 /// registration looks for its cookie once, to refuse a duplicate and to insert it (a search
-/// for a missing cookie passes ~2.5–8.5 ids at 1/2–3/4 full, each a read of its slot).
+/// for a missing cookie passes the ids of its run, each a read of its slot: see `home`).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Vacancy {
     pos: usize,
@@ -80,9 +80,22 @@ impl CookieTable {
         self.len
     }
 
-    /// Home position of `cookie` in a table of `cap` positions (`cap > 0`).
+    /// Home position of `cookie` in a table of `cap` positions (`cap > 0`): Fibonacci hashing,
+    /// the cookie times 2^64/φ, scaled to the table by its high bits.
+    ///
+    /// Not [`mix`]: a search for a missing cookie reads the slot of every id it passes, and a
+    /// random home passes 2.5–8.5 of them at 1/2–3/4 full, each a cache miss after a kernel
+    /// call (the cache's miss spent as long on it as on its index insertion: issue 23). The
+    /// products of cookies in arithmetic progression — the cache's sequential ones, aligned
+    /// addresses, indices shifted left — spread over the table like the golden-ratio sequence,
+    /// almost never sharing a run: 0.1–0.9 occupied positions passed per insertion of 2,000 such
+    /// cookies, against 2.6–3.6 with `mix`; random cookies are no worse off (3.3 against 3.5).
+    /// The high bits depend on every bit of the cookie, so alignment does not matter. A pattern
+    /// that defeats it (multiples of the multiplier's inverse) makes searches longer, never
+    /// wrong; the cookies are the process's own.
     fn home(cookie: u64, cap: usize) -> usize {
-        ((u128::from(mix(cookie)) * cap as u128) >> 64) as usize
+        const FIB: u64 = 0x9e37_79b9_7f4a_7c15;
+        ((u128::from(cookie.wrapping_mul(FIB)) * cap as u128) >> 64) as usize
     }
 
     /// The position holding `cookie`, or the empty one where it would go.
@@ -270,6 +283,47 @@ mod tests {
                     assert_eq!(t.get(c, |id| cookies[id as usize]), Some(id));
                 }
             }
+        }
+    }
+
+    /// Occupied positions a search for `cookie` passes before its empty one.
+    fn passed(t: &CookieTable, cookie: u64) -> usize {
+        let cap = t.ids.len();
+        let mut i = CookieTable::home(cookie, cap);
+        let mut n = 0;
+        while t.ids[i] != EMPTY {
+            n += 1;
+            i = (i + 1) % cap;
+        }
+        n
+    }
+
+    #[test]
+    fn cookies_in_progression_rarely_share_a_run() {
+        // The cache's cookies (sequential, top bit set), page addresses, shifted indices: the
+        // searches that registration makes pass few other ids, each a read of a slot (`home`).
+        type Pattern = (&'static str, fn(u64) -> u64);
+        let patterns: [Pattern; 3] = [
+            ("cache", |i| (1 << 63) | (i + 1)),
+            ("pages", |i| 0x7f00_0000_0000 + i * 4096),
+            ("shifted", |i| i << 40),
+        ];
+        for (name, cookie) in patterns {
+            let cookies: Vec<u64> = (0..2000).map(cookie).collect();
+            let mut t = CookieTable::new();
+            let mut total = 0;
+            for id in 0..2000u32 {
+                let c = cookies[id as usize];
+                t.vacancy(c, |id| cookies[id as usize])
+                    .expect("a new cookie");
+                total += passed(&t, c);
+                t.insert(id, |id| cookies[id as usize]);
+            }
+            // A random home would pass about 3 per insertion here (2.6-3.6 measured).
+            assert!(
+                total < 2000,
+                "{name}: {total} ids passed by 2,000 insertions"
+            );
         }
     }
 
