@@ -242,62 +242,85 @@ fn rebalance<N: Nodes + ?Sized>(nodes: &mut N, id: u32) -> u32 {
 const MAX_DEPTH: usize = 64;
 
 /// Inserts the detached leaf `id` (key `(start, id)`) into the tree at `root`; returns the new
-/// root. Walks down once, then up only as far as something changes: where the subtree below
-/// kept its height, a node keeps its height and balance and only its `max_end` is recomputed,
-/// and above the first node that did not change at all, nothing does. (A cache miss on a
-/// notifier holding ~2,000 regions spent ~15% of its user time in the recursive form, which
-/// rebalanced every node on the way up: issue 23.)
+/// root. Walks down once, then up only as far as something changes, reading each ancestor once
+/// and, while the subtree below grew, its other child:
+///
+/// - Every ancestor's subtree gains exactly the new node (a rotation only rearranges a subtree),
+///   so its stored `max_end` becomes the larger of itself and the new node's end, in the
+///   ancestor's own granules: no child is read for it.
+/// - While the subtree below grew, the ancestor's height needs its other child's, one read;
+///   where that child is two lower, one rotation (single or double) restores the height the
+///   subtree had before, and nothing above grows.
+/// - Above the first node where neither the link, the height nor `max_end` changed, nothing
+///   does.
+///
+/// (A cache miss on a notifier holding ~2,000 regions spent ~15% of its user time in the
+/// recursive form, which rebalanced every node on the way up, and still ~2,500 instructions in
+/// a form that read both children at each level: issue 23.)
 fn insert_leaf<N: Nodes + ?Sized>(nodes: &mut N, root: u32, id: u32, start: u64) -> u32 {
-    let mut path = [(NIL, false); MAX_DEPTH];
+    // The ancestors, and a bit per level for "went left" (a zeroed array is a few vector
+    // stores; an array of pairs was a store per element, ~130 instructions an insertion).
+    let mut path = [0u32; MAX_DEPTH];
+    let mut went_left = 0u64;
     let mut depth = 0;
     let mut at = root;
     while at != NIL {
         let n = nodes.node(at);
         let left = cmp_key(start, id, n.start, at) == Ordering::Less;
-        path[depth] = (at, left);
+        path[depth] = at;
+        went_left |= u64::from(left) << depth;
         depth += 1;
         at = if left { n.left } else { n.right };
     }
+    // The new node's end in absolute granules, as `encode_max_end` rounds it.
+    let end_granule = nodes.node(id).end.div_ceil(GRANULE);
     let mut child = id;
-    let mut grew = true;
-    // The child's `max_end` as stored (raw) and as it reads (`Node::max_end`), carried up from
-    // the level below, which just wrote or read it: no level reads its child again.
-    let mut carried = (MAX_END_UNKNOWN, u64::MAX);
+    // Whether `child`'s stored `max_end` is unknown: then so is every ancestor's (`update`
+    // would decode it as the top of the address space), known or not before.
+    let mut child_unknown = nodes.node(id).max_end == MAX_END_UNKNOWN;
+    // Height of `child`'s subtree while it is taller than before the insertion, else `None`.
+    let mut grown = Some(1u8);
     while depth > 0 {
         depth -= 1;
-        let (p, left) = path[depth];
+        let (p, left) = (path[depth], went_left >> depth & 1 == 1);
         let n = nodes.node_mut(p);
-        let old_child = if left { n.left } else { n.right };
-        if left {
-            n.left = child;
+        let (old_link, sibling) = if left {
+            (std::mem::replace(&mut n.left, child), n.right)
         } else {
-            n.right = child;
+            (std::mem::replace(&mut n.right, child), n.left)
+        };
+        let (old_max, h_old) = (n.max_end, n.height());
+        if child_unknown {
+            n.max_end = MAX_END_UNKNOWN;
+        } else if old_max != MAX_END_UNKNOWN {
+            let above = end_granule.saturating_sub(n.start / GRANULE);
+            n.max_end = old_max.max(u32::try_from(above).unwrap_or(MAX_END_UNKNOWN));
+        } else {
+            // Unknown before, but the child's now known (a rotation below put a node with a
+            // later start at its top, whose granules fit): only the children can tell.
+            update(nodes, p);
         }
-        if grew {
-            let h = n.height();
+        let n = nodes.node_mut(p);
+        child_unknown = n.max_end == MAX_END_UNKNOWN;
+        let Some(h_child) = grown else {
+            if old_link == child && n.max_end == old_max {
+                return root;
+            }
+            child = p;
+            continue;
+        };
+        let h_sibling = height(nodes, sibling);
+        if h_child > h_sibling + 1 {
+            // The child's side is two taller: after the rotation the subtree is as tall as
+            // before the insertion, and the node now at this position links into the parent.
             child = rebalance(nodes, p);
-            let c = nodes.node(child);
-            grew = c.height() != h;
-            carried = (c.max_end, c.max_end());
+            child_unknown = nodes.node(child).max_end == MAX_END_UNKNOWN;
+            grown = None;
             continue;
         }
-        // Only `max_end` may change here, to what `update` would compute. Both known: the
-        // subtree only gained what the child's subtree gained, so the larger of the two is it.
-        // Else (a child's may have become unknown, or known again under a rotated root) it is
-        // recomputed from both children by `update` (the height it writes is the one the node
-        // has: the child kept its height).
-        let (old, mine) = (n.max_end, n.max_end());
-        let n = if old != MAX_END_UNKNOWN && carried.0 != MAX_END_UNKNOWN {
-            n.max_end = n.encode_max_end(mine.max(carried.1));
-            n
-        } else {
-            update(nodes, p);
-            nodes.node_mut(p)
-        };
-        if old_child == child && n.max_end == old {
-            return root;
-        }
-        carried = (n.max_end, n.max_end());
+        let h = h_child.max(h_sibling) + 1;
+        nodes.node_mut(p).set_height(h);
+        grown = (h != h_old).then_some(h);
         child = p;
     }
     child
