@@ -238,6 +238,82 @@ fn rebalance<N: Nodes + ?Sized>(nodes: &mut N, id: u32) -> u32 {
     }
 }
 
+/// `id`'s child on the left (`left`) or right side.
+#[inline]
+fn child_of<N: Nodes + ?Sized>(nodes: &N, id: u32, left: bool) -> u32 {
+    let n = nodes.node(id);
+    if left {
+        n.left
+    } else {
+        n.right
+    }
+}
+
+/// Sets `id`'s child on the left (`left`) or right side.
+#[inline]
+fn set_child<N: Nodes + ?Sized>(nodes: &mut N, id: u32, left: bool, child: u32) {
+    let n = nodes.node_mut(id);
+    if left {
+        n.left = child;
+    } else {
+        n.right = child;
+    }
+}
+
+/// Sets `id`'s height to `h` and its `max_end` from its own end and its children's, whose
+/// summaries are correct.
+fn settle<N: Nodes + ?Sized>(nodes: &mut N, id: u32, h: u8) {
+    let Node {
+        end, left, right, ..
+    } = *nodes.node(id);
+    let m = end.max(summary(nodes, left).1).max(summary(nodes, right).1);
+    set_summary(nodes, id, h, m);
+}
+
+/// The rotation an insertion needs at `p`, whose child on side `left` grew to two above its
+/// other child (of height `h_sibling`); `double` when that child grew on its inner side.
+/// Returns the subtree's new root. The heights are known (the subtree ends as tall as before
+/// the insertion), so only the rotated nodes' `max_end`s are recomputed, bottom up; the new
+/// root's is the whole subtree's, `p`'s own before the rotation (if known: then every node
+/// below is, and it is exact).
+fn rotate_grown<N: Nodes + ?Sized>(
+    nodes: &mut N,
+    p: u32,
+    left: bool,
+    double: bool,
+    h_sibling: u8,
+) -> u32 {
+    let top = nodes.node(p).max_end();
+    let c = child_of(nodes, p, left);
+    let settle_root = |nodes: &mut N, root: u32| {
+        if top == u64::MAX {
+            settle(nodes, root, h_sibling + 2);
+        } else {
+            set_summary(nodes, root, h_sibling + 2, top);
+        }
+    };
+    if !double {
+        // c's inner subtree moves under p; p under c.
+        let inner = child_of(nodes, c, !left);
+        set_child(nodes, p, left, inner);
+        settle(nodes, p, h_sibling + 1);
+        set_child(nodes, c, !left, p);
+        settle_root(nodes, c);
+        return c;
+    }
+    // c's inner child g (the one that grew) rises above both; its children go one to each.
+    let g = child_of(nodes, c, !left);
+    let (g_outer, g_inner) = (child_of(nodes, g, left), child_of(nodes, g, !left));
+    set_child(nodes, c, !left, g_outer);
+    set_child(nodes, p, left, g_inner);
+    settle(nodes, c, h_sibling + 1);
+    settle(nodes, p, h_sibling + 1);
+    set_child(nodes, g, left, c);
+    set_child(nodes, g, !left, p);
+    settle_root(nodes, g);
+    g
+}
+
 /// Deepest path an AVL tree of `u32` ids can have (its height is below 1.45·log2(n + 2)).
 const MAX_DEPTH: usize = 64;
 
@@ -290,17 +366,19 @@ fn insert_leaf<N: Nodes + ?Sized>(nodes: &mut N, root: u32, id: u32, start: u64)
             (std::mem::replace(&mut n.right, child), n.left)
         };
         let (old_max, h_old) = (n.max_end, n.height());
-        if child_unknown {
+        let n = if child_unknown {
             n.max_end = MAX_END_UNKNOWN;
+            n
         } else if old_max != MAX_END_UNKNOWN {
             let above = end_granule.saturating_sub(n.start / GRANULE);
             n.max_end = old_max.max(u32::try_from(above).unwrap_or(MAX_END_UNKNOWN));
+            n
         } else {
             // Unknown before, but the child's now known (a rotation below put a node with a
             // later start at its top, whose granules fit): only the children can tell.
             update(nodes, p);
-        }
-        let n = nodes.node_mut(p);
+            nodes.node_mut(p)
+        };
         child_unknown = n.max_end == MAX_END_UNKNOWN;
         let Some(h_child) = grown else {
             if old_link == child && n.max_end == old_max {
@@ -313,7 +391,9 @@ fn insert_leaf<N: Nodes + ?Sized>(nodes: &mut N, root: u32, id: u32, start: u64)
         if h_child > h_sibling + 1 {
             // The child's side is two taller: after the rotation the subtree is as tall as
             // before the insertion, and the node now at this position links into the parent.
-            child = rebalance(nodes, p);
+            // `p`'s child is an ancestor of the new node (a leaf's parent never rotates).
+            let child_went_left = went_left >> (depth + 1) & 1 == 1;
+            child = rotate_grown(nodes, p, left, child_went_left != left, h_sibling);
             child_unknown = nodes.node(child).max_end == MAX_END_UNKNOWN;
             grown = None;
             continue;
