@@ -318,7 +318,7 @@ impl Coverage {
     /// in coverage before this: issue 23).
     fn add_isolated(&mut self, start: u64, end: u64) -> bool {
         // The last run starting below `end` and the first from it, in one search.
-        let (before, after) = self.runs.around(end);
+        let (before, after, gap) = self.runs.around_gap(end);
         let before = before.map(|(s, &r)| (s, r));
         if before.is_some_and(|(_, r)| r.end > start) {
             return false;
@@ -338,7 +338,8 @@ impl Coverage {
                 self.runs.remove(&end);
             }
         }
-        self.runs.insert(s, Segment { end: e, count: 1 });
+        // Where the search left off, when nothing merged (the gap's neighbours are checked).
+        self.runs.insert_in(gap, s, Segment { end: e, count: 1 });
         true
     }
 
