@@ -37,15 +37,18 @@ pub(crate) fn mix(c: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// A `HashMap` keyed by cookies with [`mix`] for a hash: keys are a process's own cookies, so
-/// there is nothing to defend against, and SipHash cost a cache miss about as much as the
-/// insertion itself (issue 23).
+/// A `HashMap` keyed by the cache's own cookies, which count up: the hash keeps a cookie's low
+/// bits as they are (the table's position: consecutive cookies go to neighbouring buckets, the
+/// lines the last insertion touched) and takes its top 7 (the table's tag byte) from [`mix`].
+/// With `mix` alone each miss's insertion wrote two cold lines of the table, a visible share
+/// of the miss after its kernel calls; SipHash cost about as much as the insertion (issue 23).
+/// Keys that share their low bits (aligned addresses) would share a position: not for those.
 pub(crate) type CookieMap<V> = std::collections::HashMap<u64, V, BuildMix>;
 
 /// The [`CookieMap`] hasher's builder.
 pub(crate) type BuildMix = std::hash::BuildHasherDefault<MixHasher>;
 
-/// Hashes one `u64` with [`mix`] (other input is folded in byte by byte, then mixed).
+/// Hashes one `u64` for a [`CookieMap`] (other input is folded in byte by byte first).
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct MixHasher(u64);
 
@@ -61,7 +64,8 @@ impl std::hash::Hasher for MixHasher {
     }
 
     fn finish(&self) -> u64 {
-        mix(self.0)
+        const TAG: u64 = 0x7f << 57;
+        (self.0 & !TAG) | (mix(self.0) & TAG)
     }
 }
 
