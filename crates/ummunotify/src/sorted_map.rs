@@ -79,7 +79,15 @@ impl<V> SortedMap<V> {
 
     /// The place before the first entry whose key is `>= key` (`strict`: `> key`).
     fn place_after(&self, key: u64, strict: bool) -> Place {
-        if self.leaves.is_empty() {
+        let (Some(first), Some(last)) = (self.leaves.first(), self.leaves.last()) else {
+            return Place { leaf: 0, pos: 0 };
+        };
+        // Past either end without a search: addresses handed out in order (mmap's top-down
+        // placement, an arena's bump) make every new region's key one of these.
+        if last[last.len() - 1].0 < key {
+            return self.end();
+        }
+        if first[0].0 > key {
             return Place { leaf: 0, pos: 0 };
         }
         let leaf = self.leaf_for(key);
