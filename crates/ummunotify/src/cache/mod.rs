@@ -399,6 +399,15 @@ fn walk<'i, K>(
     want: &Range<usize>,
 ) -> Result<&'i Arc<Entry<K>>, Vec<Arc<Entry<K>>>> {
     let mut near = Vec::new();
+    // Past either end, nothing is near: the walk below would stop at once, but finding where
+    // to start costs two searches of the index (new regions come in address order: mmap's
+    // top-down placement, an arena's bump). Reading an end is one path down, no comparisons.
+    let past_last = index
+        .last_key_value()
+        .is_none_or(|(&s, e)| s <= want.end && e.end < want.start);
+    if past_last || index.first_key_value().is_some_and(|(&s, _)| s > want.end) {
+        return Err(near);
+    }
     for (_, e) in index.range(..=want.end).rev() {
         if e.end < want.start {
             break;
