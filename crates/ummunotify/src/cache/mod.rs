@@ -823,6 +823,10 @@ impl<R: Registrar> Cache<R> {
     /// Takes `entries` out of the index and retires them; returns how many were live.
     /// Publishes the removal (epoch bump + heavy fence) before returning.
     fn remove(&self, st: &mut State<R::Key>, entries: &[Arc<Entry<R::Key>>]) -> usize {
+        if entries.is_empty() {
+            // The common case on a miss (nothing died, nothing evicted, nothing merged).
+            return 0;
+        }
         let mut n = 0;
         {
             let mut index = None;
