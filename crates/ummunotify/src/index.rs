@@ -31,9 +31,9 @@ pub(crate) struct Node {
     /// Right child id, or [`NIL`].
     right: u32,
     /// Largest `end` in this node's subtree, rounded up to a [`GRANULE`], as granules above
-    /// the granule of `start`; [`MAX_END_UNKNOWN`] when that does not fit (read as "ends at
-    /// the top of the address space": the query then does not prune that subtree, which is
-    /// only slower, never wrong).
+    /// the granule of `start`; [`MAX_END_UNKNOWN`] when that does not fit, or on the right
+    /// spine (see [`insert_leaf`]). Unknown reads as "ends at the top of the address space":
+    /// the query then does not prune that subtree, which is only slower, never wrong.
     max_end: u32,
     /// Low 8 bits: height of this node's subtree (a leaf has height 1). High 24 bits: the
     /// caller's [`tag`](Node::tag), which the tree never changes.
@@ -324,6 +324,12 @@ const MAX_DEPTH: usize = 64;
 /// - Every ancestor's subtree gains exactly the new node (a rotation only rearranges a subtree),
 ///   so its stored `max_end` becomes the larger of itself and the new node's end, in the
 ///   ancestor's own granules: no child is read for it.
+/// - Except on the right spine (the root and its chain of right children) where the new node
+///   went right: those become unknown, so a tree growing at its right end (addresses handed out
+///   rising, as a heap or a bump arena does) stops updating ancestors where the spine is
+///   unknown already, after O(1) levels on average instead of every level to the root. A
+///   spine node's subtree holds the largest keys, so its maximum prunes only a query that lies
+///   past every region's end; every other node stays exact (`check_invariants`).
 /// - While the subtree below grew, the ancestor's height needs its other child's, one read;
 ///   where that child is two lower, one rotation (single or double) restores the height the
 ///   subtree had before, and nothing above grows.
@@ -348,6 +354,9 @@ fn insert_leaf<N: Nodes + ?Sized>(nodes: &mut N, root: u32, id: u32, start: u64)
         depth += 1;
         at = if left { n.left } else { n.right };
     }
+    // The ancestors at depth below this are on the right spine with the new node to their
+    // right (every move from the root to there went right).
+    let spine = went_left.trailing_zeros() as usize;
     // The new node's end in absolute granules, as `encode_max_end` rounds it.
     let end_granule = nodes.node(id).end.div_ceil(GRANULE);
     let mut child = id;
@@ -366,12 +375,15 @@ fn insert_leaf<N: Nodes + ?Sized>(nodes: &mut N, root: u32, id: u32, start: u64)
             (std::mem::replace(&mut n.right, child), n.left)
         };
         let (old_max, h_old) = (n.max_end, n.height());
-        let n = if child_unknown {
+        let n = if child_unknown || depth < spine {
             n.max_end = MAX_END_UNKNOWN;
             n
         } else if old_max != MAX_END_UNKNOWN {
             let above = end_granule.saturating_sub(n.start / GRANULE);
             n.max_end = old_max.max(u32::try_from(above).unwrap_or(MAX_END_UNKNOWN));
+            n
+        } else if depth <= spine {
+            // On the spine (the new node went left here): unknown may stay.
             n
         } else {
             // Unknown before, but the child's now known (a rotation below put a node with a
@@ -601,7 +613,10 @@ impl IntervalIndex {
             assert!(hl.abs_diff(hr) <= 1, "node {id}: unbalanced ({hl} vs {hr})");
             assert_eq!(n.height(), hl.max(hr) + 1, "node {id}: height");
             let m = n.end.max(ml).max(mr);
-            assert_eq!(n.max_end, n.encode_max_end(m), "node {id}: max_end");
+            // Unknown is allowed on the right spine (no upper bound: `hi` is `None` there).
+            if !(hi.is_none() && n.max_end == MAX_END_UNKNOWN) {
+                assert_eq!(n.max_end, n.encode_max_end(m), "node {id}: max_end");
+            }
             assert!(n.max_end() >= m, "node {id}: max_end under-estimates");
             (n.height(), n.max_end(), cl + cr + 1)
         }
@@ -626,6 +641,9 @@ mod tests {
     enum Op {
         /// Insert a new node `[start, start + len)`.
         Insert(u64, u64),
+        /// Insert a new node `gap` past the highest start so far, `len` long: the rising
+        /// addresses of a heap, where the right spine's maxima go unknown.
+        Rising(u64, u64),
         /// Remove the live node chosen by this selector (modulo the live count).
         Remove(usize),
         /// Query `[start, start + len)`.
@@ -635,6 +653,7 @@ mod tests {
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
             3 => (0u64..200, 1u64..40).prop_map(|(s, l)| Op::Insert(s, l)),
+            2 => (0u64..8, 1u64..40).prop_map(|(g, l)| Op::Rising(g, l)),
             2 => any::<usize>().prop_map(Op::Remove),
             2 => (0u64..240, 0u64..60).prop_map(|(s, l)| Op::Query(s, l)),
         ]
@@ -658,9 +677,18 @@ mod tests {
             let mut nodes: Vec<Node> = Vec::new();
             let mut live: Vec<u32> = Vec::new();
             let mut index = IntervalIndex::new();
+            let mut top = 0;
             for op in ops {
+                let op = match op {
+                    Op::Rising(gap, l) => {
+                        top += gap;
+                        Op::Insert(top, l)
+                    }
+                    op => op,
+                };
                 match op {
                     Op::Insert(s, l) => {
+                        top = top.max(s);
                         let (s, l) = (s * scale, l * scale);
                         let id = nodes.len() as u32;
                         nodes.push(Node { start: s, end: s + l, ..Node::default() });
@@ -693,6 +721,7 @@ mod tests {
                         want.sort_unstable();
                         prop_assert_eq!(got, want);
                     }
+                    Op::Rising(..) => unreachable!("mapped to an insertion above"),
                 }
                 index.check_invariants(&nodes);
                 prop_assert_eq!(index.len(), live.len());
