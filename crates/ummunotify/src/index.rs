@@ -275,18 +275,19 @@ fn settle<N: Nodes + ?Sized>(nodes: &mut N, id: u32, h: u8) {
 /// Returns the subtree's new root. The heights are known (the subtree ends as tall as before
 /// the insertion), so only the rotated nodes' `max_end`s are recomputed, bottom up; the new
 /// root's is the whole subtree's, `p`'s own before the rotation (if known: then every node
-/// below is, and it is exact).
+/// below is, and it is exact; if not, it stays unknown where `p` is on the right `spine`).
 fn rotate_grown<N: Nodes + ?Sized>(
     nodes: &mut N,
     p: u32,
     left: bool,
     double: bool,
     h_sibling: u8,
+    spine: bool,
 ) -> u32 {
     let top = nodes.node(p).max_end();
     let c = child_of(nodes, p, left);
     let settle_root = |nodes: &mut N, root: u32| {
-        if top == u64::MAX {
+        if top == u64::MAX && !spine {
             settle(nodes, root, h_sibling + 2);
         } else {
             set_summary(nodes, root, h_sibling + 2, top);
@@ -405,7 +406,14 @@ fn insert_leaf<N: Nodes + ?Sized>(nodes: &mut N, root: u32, id: u32, start: u64)
             // before the insertion, and the node now at this position links into the parent.
             // `p`'s child is an ancestor of the new node (a leaf's parent never rotates).
             let child_went_left = went_left >> (depth + 1) & 1 == 1;
-            child = rotate_grown(nodes, p, left, child_went_left != left, h_sibling);
+            child = rotate_grown(
+                nodes,
+                p,
+                left,
+                child_went_left != left,
+                h_sibling,
+                depth <= spine,
+            );
             child_unknown = nodes.node(child).max_end == MAX_END_UNKNOWN;
             grown = None;
             continue;
