@@ -164,11 +164,15 @@ impl Global {
             } else if !was_empty && mask == 0 {
                 *sharing -= 1;
             }
-            let shared = *sharing > 1;
+            // Other granules of the bucket with a watched page: then the bucket is their OR
+            // and this one's. (`sharing > 1` alone left out the case where this granule just
+            // emptied beside one other: the bucket went to 0 under that other's watched pages,
+            // and the filter answered "not watched" for them.)
+            let others = *sharing - u32::from(mask != 0);
             if mask == 0 {
                 self.granules.remove(&g);
             }
-            let published = if shared {
+            let published = if others > 0 {
                 // Rare (granules 1 GiB apart): OR every granule of the bucket.
                 self.granules
                     .iter()
@@ -275,5 +279,25 @@ mod tests {
         assert!(maybe_watched(base + 0x10000, base + 0x10001));
         drop(w);
         assert!(!maybe_watched(base + 0xf000, base + 0x11000));
+    }
+
+    #[test]
+    fn granules_sharing_a_bucket_publish_both_masks() {
+        // 1 GiB apart: one bucket (4096), which no other test's pages use.
+        let a = 0x7c00_1000_0000u64;
+        let b = a + (1 << 30);
+        let w = Watch::new();
+        w.watch(a, a + 0x1000); // page 0 of a's granule
+        w.watch(b + 0x2000, b + 0x3000); // page 2 of b's granule
+                                         // Each granule reads the bucket's OR: a false positive by design, never a negative.
+        assert!(maybe_watched(a, a + 0x1000));
+        assert!(maybe_watched(a + 0x2000, a + 0x3000));
+        assert!(maybe_watched(b, b + 0x1000));
+        assert!(!maybe_watched(a + 0x1000, a + 0x2000));
+        w.unwatch(a, a + 0x1000);
+        assert!(!maybe_watched(b, b + 0x1000), "a's page left the bucket");
+        assert!(maybe_watched(b + 0x2000, b + 0x3000));
+        drop(w);
+        assert!(!maybe_watched(b + 0x2000, b + 0x3000));
     }
 }
