@@ -37,9 +37,10 @@ pub(crate) fn mix(c: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// A `HashMap` keyed by the cache's own cookies, which count up: the hash keeps a cookie's low
-/// bits as they are (the table's position: consecutive cookies go to neighbouring buckets, the
-/// lines the last insertion touched) and takes its top 7 (the table's tag byte) from [`mix`].
+/// A `HashMap` keyed by numbers that count up (the cache's own cookies, the hooks filter's
+/// granules): the hash keeps a key's low bits as they are (the table's position: consecutive
+/// keys go to neighbouring buckets, the lines the last insertion touched) and takes its top 7
+/// (the table's tag byte) from [`mix`].
 /// With `mix` alone each miss's insertion wrote two cold lines of the table, a visible share
 /// of the miss after its kernel calls; SipHash cost about as much as the insertion (issue 23).
 /// Keys that share their low bits (aligned addresses) would share a position: not for those.
