@@ -5,16 +5,10 @@ use std::sync::Mutex;
 
 mod common;
 
-use common::{map_untouched as map, page, replace, unmap};
+// Tests unmap and map again at the same address: no other test may map meanwhile (`serial`).
+use common::{map_untouched as map, page, replace, serial, unmap};
 use ummunotify::cache::{Cache, Config};
 use ummunotify::registrar::{NoopRegistrar, Registrar};
-
-/// Tests unmap and map again at the same address: no other test may map meanwhile.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// Counts registrations, to see misses and deregistrations from the registrar's side.
 #[derive(Default)]

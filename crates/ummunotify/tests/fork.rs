@@ -1,21 +1,18 @@
 //! Guarantee 6: a forked child never hangs and never trusts its parent's registrations.
 mod common;
 
+// The tests of this file run in one process, and the second one's worker maps and unmaps
+// single pages without pause: the first one's `map` can get the addresses of a page whose
+// munmap has not returned yet, and that munmap's message then hits the fresh region there (a
+// spurious invalidation: safe, and one the message can not avoid, since it does not say which
+// mapping it was about). Seen under load, 2 runs in 80 (2026-12-04). The parent's "still
+// valid" checks below need no unmap in flight, so the tests take turns (`serial`).
 use common::*;
-use std::sync::Mutex;
 use ummunotify::{Cookie, Error, Notifier};
-
-/// The tests of this file run in one process, and the second one's worker maps and unmaps
-/// single pages without pause: the first one's `map` can get the addresses of a page whose
-/// munmap has not returned yet, and that munmap's message then hits the fresh region there (a
-/// spurious invalidation: safe, and one the message can not avoid, since it does not say which
-/// mapping it was about). Seen under load, 2 runs in 80 (2026-12-04). The parent's "still
-/// valid" checks below need no unmap in flight, so the tests take turns.
-static SERIAL: Mutex<()> = Mutex::new(());
 
 #[test]
 fn child_sees_every_region_invalid_and_gets_typed_errors() {
-    let _turn = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let _turn = serial();
     let n = Notifier::new().unwrap();
     let p = map(2 * PAGE);
     let r = n.register(p..p + 2 * PAGE, Cookie(1)).unwrap();
@@ -61,7 +58,7 @@ fn child_sees_every_region_invalid_and_gets_typed_errors() {
 
 #[test]
 fn fork_while_another_thread_unmaps_never_hangs() {
-    let _turn = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let _turn = serial();
     let n = std::sync::Arc::new(Notifier::new().unwrap());
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let worker = {

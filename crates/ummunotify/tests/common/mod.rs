@@ -4,6 +4,14 @@
 
 pub const PAGE: usize = 4096;
 
+/// One turn at a time for the tests of one file that take it: for those that unmap and map
+/// again at the same addresses, or that need no other test's unmap in flight while they
+/// check (each test file is its own process, so files do not wait for each other).
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// The page size.
 pub fn page() -> usize {
     // SAFETY: sysconf has no preconditions.
