@@ -64,12 +64,21 @@ pub(crate) fn maybe_watched(start: u64, end: u64) -> bool {
 /// Granule numbers count up with the address, the keys a [`CookieMap`] hashes cheaply; the
 /// sharing counts are an array by bucket. (A `BTreeMap` and a SipHash `HashMap` here were
 /// ~650 instructions of each hybrid cache miss, issue 23.)
-#[derive(Default)]
 struct Global {
     granules: CookieMap<[u32; 16]>,
-    /// How many granules with a watched page share each bucket: [`BUCKETS`] counts once a
-    /// page was watched (zeroed memory, resident only where touched), empty before.
+    /// How many granules with a watched page share each bucket, by bucket.
     sharing: Vec<u32>,
+}
+
+impl Default for Global {
+    /// Made at the first watch (`with_global`): the counts are zeroed memory, resident only
+    /// where touched.
+    fn default() -> Self {
+        Global {
+            granules: CookieMap::default(),
+            sharing: vec![0; BUCKETS],
+        }
+    }
 }
 
 /// A lock of our own rather than a `Mutex`: fork must be able to take it in the parent and
@@ -163,9 +172,6 @@ impl Global {
             }
             let mask = mask_of(counts);
             let b = g as usize & (BUCKETS - 1);
-            if self.sharing.is_empty() {
-                self.sharing = vec![0; BUCKETS];
-            }
             let sharing = &mut self.sharing[b];
             if was_empty && mask != 0 {
                 *sharing += 1;
@@ -295,9 +301,10 @@ mod tests {
         let a = 0x7c00_1000_0000u64;
         let b = a + (1 << 30);
         let w = Watch::new();
-        w.watch(a, a + 0x1000); // page 0 of a's granule
-        w.watch(b + 0x2000, b + 0x3000); // page 2 of b's granule
-                                         // Each granule reads the bucket's OR: a false positive by design, never a negative.
+        // Page 0 of a's granule, page 2 of b's.
+        w.watch(a, a + 0x1000);
+        w.watch(b + 0x2000, b + 0x3000);
+        // Each granule reads the bucket's OR: a false positive by design, never a negative.
         assert!(maybe_watched(a, a + 0x1000));
         assert!(maybe_watched(a + 0x2000, a + 0x3000));
         assert!(maybe_watched(b, b + 0x1000));
