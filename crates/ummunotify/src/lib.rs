@@ -70,6 +70,11 @@ pub mod __testing {
     /// signal").
     pub use crate::inflight::signal as remove_signal;
 }
+/// Time spent in the kernel calls a cache miss makes (feature `call-times`), for
+/// `umn bench --miss`; not part of the API.
+#[cfg(all(not(loom), feature = "call-times"))]
+#[doc(hidden)]
+pub use sys::call_times;
 #[cfg(not(loom))]
 mod backend;
 #[cfg(not(loom))]

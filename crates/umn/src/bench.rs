@@ -519,11 +519,21 @@ where
 /// filter's update is user-space work), where hybrid starts: last, since it patches this
 /// process's libc for good. Each round's ratio goes to stderr.
 pub fn miss_rows(rounds: usize) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
-    let (miss, f3, f4) = miss_rounds(rounds, Backend::Userfaultfd)?;
+    let uffd = miss_rounds(rounds, Backend::Userfaultfd)?;
     let mut rows = vec![
-        row("cache_miss_vs_floor", miss, "miss_floor3", f3),
-        row("cache_miss_vs_floor4", miss, "miss_floor4", f4),
+        row("cache_miss_vs_floor", uffd.miss, "miss_floor3", uffd.floor3),
+        row(
+            "cache_miss_vs_floor4",
+            uffd.miss,
+            "miss_floor4",
+            uffd.floor4,
+        ),
     ];
+    breakdown_rows(
+        &mut rows,
+        &uffd,
+        ["uffd_miss_calls_inside", "uffd_miss_own_work"],
+    );
     match Notifier::with_backend(Backend::Hybrid) {
         Ok(n) => drop(n),
         Err(e) => {
@@ -531,17 +541,35 @@ pub fn miss_rows(rounds: usize) -> Result<Vec<Row>, Box<dyn std::error::Error>> 
             return Ok(rows);
         }
     }
-    let (miss, f3, _) = miss_rounds(rounds, Backend::Hybrid)?;
-    rows.push(row("cache_miss_hybrid_vs_floor", miss, "miss_floor3", f3));
+    let hybrid = miss_rounds(rounds, Backend::Hybrid)?;
+    rows.push(row(
+        "cache_miss_hybrid_vs_floor",
+        hybrid.miss,
+        "miss_floor3",
+        hybrid.floor3,
+    ));
+    breakdown_rows(
+        &mut rows,
+        &hybrid,
+        ["hybrid_miss_calls_inside", "hybrid_miss_own_work"],
+    );
     Ok(rows)
 }
 
-/// `rounds` rounds of [`miss_vs_floor`] on `backend`: the medians of miss, floor3, floor4.
-fn miss_rounds(
-    rounds: usize,
-    backend: Backend,
-) -> Result<(f64, f64, f64), Box<dyn std::error::Error>> {
-    let (mut miss, mut f3, mut f4) = (Vec::new(), Vec::new(), Vec::new());
+/// With the `call-times` feature: the miss's ratio to its floor, split in two rows against the
+/// same floor, which add up to it: the three calls as the miss made them, and the rest (the
+/// library's own work).
+fn breakdown_rows(rows: &mut Vec<Row>, f: &MissFloor, names: [&'static str; 2]) {
+    if let Some(inside) = f.inside {
+        let calls: f64 = inside.iter().sum();
+        rows.push(row(names[0], calls, "miss_floor3", f.floor3));
+        rows.push(row(names[1], f.miss - calls, "miss_floor3", f.floor3));
+    }
+}
+
+/// `rounds` rounds of [`miss_vs_floor`] on `backend`: the medians of the rounds' figures.
+fn miss_rounds(rounds: usize, backend: Backend) -> Result<MissFloor, Box<dyn std::error::Error>> {
+    let mut all = Vec::new();
     for r in 0..rounds {
         let f = miss_vs_floor(40, 50, Some(backend))?;
         eprintln!(
@@ -550,11 +578,33 @@ fn miss_rounds(
             f.floor3,
             f.miss / f.floor3
         );
-        miss.push(f.miss);
-        f3.push(f.floor3);
-        f4.push(f.floor4);
+        if let Some(inside) = f.inside {
+            eprintln!(
+                "  the calls inside the miss (back to back): register {:.0} ({:.0}), mask pair \
+                 {:.0} ({:.0}), query {:.0} ({:.0}) ns; the library's own work {:.0} ns",
+                inside[0],
+                f.calls[0],
+                inside[1],
+                f.calls[1],
+                inside[2],
+                f.calls[2],
+                f.miss - inside.iter().sum::<f64>()
+            );
+        }
+        all.push(f);
     }
-    Ok((median(miss), median(f3), median(f4)))
+    let med = |get: &dyn Fn(&MissFloor) -> f64| median(all.iter().map(get).collect());
+    let part = |i: usize| med(&|f| f.calls[i]);
+    Ok(MissFloor {
+        miss: med(&|f| f.miss),
+        floor3: med(&|f| f.floor3),
+        floor4: med(&|f| f.floor4),
+        calls: [part(0), part(1), part(2)],
+        inside: all[0].inside.map(|_| {
+            let inside = |i: usize| med(&|f| f.inside.map_or(0.0, |c| c[i]));
+            [inside(0), inside(1), inside(2)]
+        }),
+    })
 }
 
 /// A cache miss and its kernel floor, measured in alternating batches (medians of the batches'
@@ -566,6 +616,10 @@ struct MissFloor {
     floor3: f64,
     /// The same and the `msync` mapped check a miss made before issue 23.
     floor4: f64,
+    /// floor3's parts: `UFFDIO_REGISTER`, the mask pair, `PROCMAP_QUERY`.
+    calls: [f64; 3],
+    /// The same calls as the misses made them (feature `call-times`), per miss.
+    inside: Option<[f64; 3]>,
 }
 
 /// `batches` rounds of `per` misses (no-op registrar, one page every other page, regions kept)
@@ -614,6 +668,7 @@ fn miss_vs_floor(
         Config::default().max_regions(1 << 21),
     );
     let (mut misses_ns, mut f3, mut f4) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut calls, mut inside) = (Vec::new(), Vec::new());
     for b in 0..batches {
         let (mut reg, mut sync, mut mask, mut query) = (0u128, 0u128, 0u128, 0u128);
         for i in 0..per {
@@ -656,11 +711,16 @@ fn miss_vs_floor(
         let per_f = per as f64;
         f3.push((reg + mask + query) as f64 / per_f);
         f4.push((reg + sync + mask + query) as f64 / per_f);
+        calls.push([reg, mask, query].map(|ns| ns as f64 / per_f));
+        let before = call_times();
         let t = Instant::now();
         for i in 0..per {
             drop(cache.get(miss_arena + 2 * (b * per + i) * pg, pg)?);
         }
         misses_ns.push(t.elapsed().as_nanos() as f64 / per_f);
+        if let (Some(before), Some(after)) = (before, call_times()) {
+            inside.push([0, 1, 2].map(|i| (after[i] - before[i]) as f64 / per_f));
+        }
     }
     drop(cache);
     // The context first: it asked for unmap events, and nobody reads them here, so a munmap of
@@ -668,11 +728,23 @@ fn miss_vs_floor(
     drop(uffd);
     unmap(floor_arena, 2 * n * pg);
     unmap(miss_arena, 2 * n * pg);
+    let part = |v: &[[f64; 3]], i: usize| median(v.iter().map(|c| c[i]).collect());
     Ok(MissFloor {
         miss: median(misses_ns),
         floor3: median(f3),
         floor4: median(f4),
+        calls: [0, 1, 2].map(|i| part(&calls, i)),
+        inside: (!inside.is_empty()).then(|| [0, 1, 2].map(|i| part(&inside, i))),
     })
+}
+
+/// The library's time in the calls a miss makes so far (feature `call-times`): register, mask
+/// (both halves), query.
+fn call_times() -> Option<[u64; 3]> {
+    #[cfg(feature = "call-times")]
+    return Some(ummunotify::call_times::totals());
+    #[cfg(not(feature = "call-times"))]
+    None
 }
 
 /// `VmRSS` of this process, bytes.

@@ -4,7 +4,10 @@
 //! `OwnedFd`s created on the same line as the syscall, and turns `-1` into `io::Error`.
 #![allow(unsafe_code)] // The crate's general-purpose syscalls live here and nowhere else.
 
+pub mod call_times;
 pub(crate) mod vma;
+
+use call_times::{timed, Call};
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
@@ -241,7 +244,9 @@ impl SignalsBlocked {
             let mut all: libc::sigset_t = std::mem::zeroed();
             let mut old: libc::sigset_t = std::mem::zeroed();
             libc::sigfillset(&mut all);
-            libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
+            timed(Call::Mask, || {
+                libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old)
+            });
             SignalsBlocked { old }
         }
     }
@@ -250,7 +255,9 @@ impl SignalsBlocked {
 impl Drop for SignalsBlocked {
     fn drop(&mut self) {
         // SAFETY: restores the mask saved in `new`.
-        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.old, std::ptr::null_mut()) };
+        timed(Call::Mask, || unsafe {
+            libc::pthread_sigmask(libc::SIG_SETMASK, &self.old, std::ptr::null_mut())
+        });
     }
 }
 

@@ -73,7 +73,9 @@ impl Vmas {
         };
         // SAFETY: the ioctl reads and writes exactly one `procmap_query`, whose size it is told;
         // name and build-id buffers are not requested (sizes 0).
-        let r = unsafe { libc::ioctl(self.maps.as_raw_fd(), PROCMAP_QUERY, &mut q) };
+        let r = super::timed(super::Call::Query, || unsafe {
+            libc::ioctl(self.maps.as_raw_fd(), PROCMAP_QUERY, &mut q)
+        });
         if r == 0 {
             let shared = q.vma_flags & PROCMAP_QUERY_VMA_SHARED != 0;
             return Ok(Some((q.vma_start, q.vma_end, shared)));

@@ -10,6 +10,8 @@
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
+use crate::sys::call_times::{timed, Call};
+
 /// `UFFD_API`: the only API version there is.
 pub(crate) const UFFD_API: u64 = 0xAA;
 /// `UFFD_USER_MODE_ONLY`: only faults from user mode; lets unprivileged users create a context.
@@ -196,13 +198,13 @@ pub(crate) fn register_wp(fd: BorrowedFd<'_>, start: u64, len: u64) -> io::Resul
     };
     // SAFETY: UFFDIO_REGISTER reads and writes one `struct uffdio_register`, which `arg` is. It
     // changes no memory of ours: it only marks the VMAs in the range.
-    cvt(unsafe {
+    cvt(timed(Call::Register, || unsafe {
         ioctl(
             fd.as_raw_fd(),
             UFFDIO_REGISTER,
             (&mut arg as *mut UffdioRegister).cast(),
         )
-    })?;
+    }))?;
     Ok(())
 }
 
