@@ -55,24 +55,29 @@
 
 mod entry;
 mod fence;
+mod handle;
 mod local;
 mod lookup;
+mod miss;
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::io;
 use std::ops::Range;
 use std::ptr::NonNull;
-use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
-use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize};
+use std::sync::atomic::Ordering::{Acquire, Relaxed, SeqCst};
+use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::cookies::CookieMap;
 use crate::registrar::Registrar;
-use crate::{Cookie, Event, Generation, Notifier, Region};
+use crate::{Event, Generation, Notifier};
 use entry::Entry;
 use local::{Mru, ThreadSlot};
 use lookup::Lookup;
+use miss::{walk, Seen};
+
+pub use handle::Handle;
 
 /// `get_fast` in full: every MRU line, and a pull backend's probe.
 const FULL: bool = true;
@@ -82,9 +87,6 @@ const LEAF: bool = false;
 
 /// Cookies of the cache's own notifier regions have this bit set.
 pub const CACHE_COOKIE_BIT: u64 = 1 << 63;
-
-/// How many times a miss retries when the memory changes while it is being registered.
-const MISS_ATTEMPTS: usize = 4;
 
 static NEXT_CACHE_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -220,16 +222,6 @@ struct State<K> {
     user_events_pruned: usize,
 }
 
-/// What a miss registers (outside the miss lock), planned under it.
-struct MissPlan<K> {
-    union: Range<usize>,
-    /// Cached regions the union covers: merged away when it is published.
-    absorb: Vec<Arc<Entry<K>>>,
-    cookie: Cookie,
-    /// The index's write count when the plan was made (see `Lookup::writes`).
-    writes: u64,
-}
-
 /// A registration cache over a [`Registrar`], kept correct by a [`Notifier`].
 ///
 /// See the [module documentation](self). `Cache` is `Send + Sync`; share it by reference or in an
@@ -268,165 +260,11 @@ unsafe impl<R: Registrar> Sync for Cache<R> where R::Key: Send + Sync {}
 #[repr(align(128))]
 struct Padded<T>(T);
 
-/// A use of a cached registration; dropping it releases the use.
-///
-/// While a handle exists its registration stays registered, even if the region is invalidated or
-/// evicted meanwhile (the device may still be using it). [`is_valid`](Self::is_valid) says whether
-/// the memory still is what was registered.
-pub struct Handle<'c, R: Registrar> {
-    /// How the handle keeps its entry alive, in one word: the address of the hazard slot that
-    /// names the entry (bit 0 clear), or the entry's own address with bit 0 set when the handle
-    /// holds it through the entry's shared count. Two words in all, so that moving a handle out
-    /// of a `Result` is two plain moves (a wider handle was copied with a 16-byte load spanning
-    /// two 8-byte stores, which stalls store forwarding: most of a hit's cost).
-    hold: NonNull<()>,
-    cache: &'c Cache<R>,
-}
-
-/// Bit 0 of [`Handle::hold`]: held through the entry's shared count.
-const SHARED_HOLD: usize = 1;
-
-// SAFETY: a handle is a shared reference to an entry (kept alive by its hazard or shared hold)
-// plus atomics; `R::Key: Send + Sync` by the `Registrar` contract.
-unsafe impl<R: Registrar> Send for Handle<'_, R> {}
-// SAFETY: as above; every method takes `&self` and only reads.
-unsafe impl<R: Registrar> Sync for Handle<'_, R> {}
-
-impl<'c, R: Registrar> Handle<'c, R> {
-    /// A handle held by `hazard` (which names the entry).
-    #[inline(always)]
-    fn by_hazard(cache: &'c Cache<R>, hazard: &'c AtomicPtr<()>) -> Self {
-        Handle {
-            hold: NonNull::from(hazard).cast(),
-            cache,
-        }
-    }
-
-    /// A handle held through `entry`'s shared count (already raised).
-    fn by_shared_count(cache: &'c Cache<R>, entry: *const Entry<R::Key>) -> Self {
-        let tagged = (entry as usize | SHARED_HOLD) as *mut ();
-        Handle {
-            // An Arc's pointer, tagged: never null.
-            hold: NonNull::new(tagged).expect("entry pointer is never null"),
-            cache,
-        }
-    }
-
-    fn entry_ptr(&self) -> *const Entry<R::Key> {
-        let w = self.hold.as_ptr() as usize;
-        if w & SHARED_HOLD != 0 {
-            (w & !SHARED_HOLD) as *const Entry<R::Key>
-        } else {
-            // SAFETY: an untagged hold is the address of a hazard slot of the cache's thread
-            // slots (alive as long as the cache); it names this handle's entry until the handle
-            // clears it in `drop` (only the slot's owner sets it, and only while it is null).
-            unsafe { (*self.hold.as_ptr().cast::<AtomicPtr<()>>()).load(Relaxed) }.cast()
-        }
-    }
-
-    fn entry(&self) -> &Entry<R::Key> {
-        // SAFETY: the entry is freed only after no hazard slot and no shared hold names it (see
-        // `Cache::reclaim`); this handle's hold is one of those until it drops.
-        unsafe { &*self.entry_ptr() }
-    }
-
-    /// The device key of the registration (io_uring: the fixed-buffer slot).
-    pub fn key(&self) -> &R::Key {
-        &self.entry().key
-    }
-
-    /// The registered range (page-aligned; covers the range passed to `get`).
-    pub fn range(&self) -> Range<usize> {
-        self.entry().range()
-    }
-
-    /// Whether the memory behind the registration is unchanged since it was registered (two
-    /// loads). False once a change of its pages returned to its caller, in any thread: I/O
-    /// through this handle would then use the *old* pages.
-    pub fn is_valid(&self) -> bool {
-        self.cache.notifier.is_valid(self.entry().token)
-    }
-}
-
-impl<R: Registrar> Drop for Handle<'_, R> {
-    fn drop(&mut self) {
-        // Release: every use of the registration happens before the reclaimer (which loads
-        // hazards and shared counts with Acquire) deregisters it.
-        if self.hold.as_ptr() as usize & SHARED_HOLD != 0 {
-            self.entry().shared_holds.fetch_sub(1, Release);
-        } else {
-            // SAFETY: an untagged hold is a hazard slot of the cache (see `entry_ptr`).
-            unsafe { &*self.hold.as_ptr().cast::<AtomicPtr<()>>() }
-                .store(std::ptr::null_mut(), Release);
-        }
-    }
-}
-
-impl<R: Registrar> fmt::Debug for Handle<'_, R> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Handle")
-            .field("range", &self.range())
-            .field("cookie", &self.entry().cookie)
-            .finish_non_exhaustive()
-    }
-}
-
 fn page_round(start: usize, end: usize) -> Option<Range<usize>> {
     let page = crate::sys::page_size();
     let s = start & !(page - 1);
     let e = end.checked_add(page - 1)? & !(page - 1);
     Some(s..e)
-}
-
-/// What the slow hit path saw on its way to a miss: the regions overlapping or touching the
-/// page-rounded range, as the plan walks them, and the index's write count then (read under
-/// the same stripe). The plan uses them instead of searching again if the count did not move.
-struct Seen<K> {
-    writes: u64,
-    near: Vec<Arc<Entry<K>>>,
-}
-
-/// Walks `index` down from `want.end` (the page-rounded `[addr, end)`): the valid region
-/// covering `[addr, end)` if there is one (`Ok`), else every region overlapping or touching
-/// `want` (`Err`, nearest the end first). Regions never overlap, so the covering one, if any,
-/// is among those.
-#[allow(clippy::type_complexity)]
-fn walk<'i, K>(
-    index: &'i lookup::Index<K>,
-    notifier: &Notifier,
-    addr: usize,
-    end: usize,
-    want: &Range<usize>,
-) -> Result<&'i Arc<Entry<K>>, Vec<Arc<Entry<K>>>> {
-    let mut near = Vec::new();
-    // Past either end, nothing is near: the walk below would stop at once, but finding where
-    // to start costs two searches of the index (new regions come in address order: mmap's
-    // top-down placement, an arena's bump). Reading an end is one path down, no comparisons.
-    let past_last = index
-        .last_key_value()
-        .is_none_or(|(&s, e)| s <= want.end && e.end < want.start);
-    if past_last || index.first_key_value().is_some_and(|(&s, _)| s > want.end) {
-        return Err(near);
-    }
-    for (_, e) in index.range(..=want.end).rev() {
-        if e.end < want.start {
-            break;
-        }
-        if e.covers(addr, end) && notifier.is_valid(e.token) {
-            return Ok(e);
-        }
-        near.push(e.clone());
-    }
-    Err(near)
-}
-
-/// Finds the live entry covering `[start, end)` in `index`.
-fn covering<K>(index: &lookup::Index<K>, start: usize, end: usize) -> Option<&Arc<Entry<K>>> {
-    index
-        .range(..=start)
-        .next_back()
-        .map(|(_, e)| e)
-        .filter(|e| e.covers(start, end))
 }
 
 impl<R: Registrar> Cache<R> {
@@ -891,309 +729,6 @@ impl<R: Registrar> Cache<R> {
             self.deregistrations.fetch_add(1, Relaxed);
             self.bytes.fetch_sub(e.len(), Relaxed);
         }
-    }
-
-    /// Evicts unused regions (CLOCK) until `extra_regions` more regions of `extra_bytes` more
-    /// bytes fit, not counting `leaving` (regions the caller is about to remove).
-    fn evict_for(
-        &self,
-        st: &mut State<R::Key>,
-        leaving: &[Arc<Entry<R::Key>>],
-        extra_bytes: usize,
-    ) -> Vec<Arc<Entry<R::Key>>> {
-        let leaving_bytes: usize = leaving.iter().map(|e| e.len()).sum();
-        let mut regions = (st.by_cookie.len() + st.pending_regions).saturating_sub(leaving.len());
-        let mut bytes = (st.live_bytes + st.pending_bytes).saturating_sub(leaving_bytes);
-        let threads = self.threads.lock().unwrap_or_else(|p| p.into_inner());
-        // Regions that left the cache while a handle holds them stay registered with the device
-        // until dropped: a registrar with a bounded table (io_uring) has room only for the rest.
-        let cap = self.registrar.max_registrations().unwrap_or(usize::MAX);
-        let pinned = st.retired.len() + leaving.iter().filter(|e| self.held(&threads, e)).count();
-        let fits = |r: usize, b: usize| {
-            r < self.config.max_regions
-                && r.saturating_add(pinned) < cap
-                && b.saturating_add(extra_bytes) <= self.config.max_bytes
-        };
-        let mut victims = Vec::new();
-        if fits(regions, bytes) {
-            return victims;
-        }
-        let mut budget = 2 * st.clock.len() + 1;
-        while !fits(regions, bytes) && budget > 0 {
-            budget -= 1;
-            let Some(e) = st.clock.pop_front() else { break };
-            if e.removed.load(Relaxed) || leaving.iter().any(|l| Arc::ptr_eq(l, &e)) {
-                continue;
-            }
-            if e.referenced.swap(false, Relaxed) || self.held(&threads, &e) {
-                st.clock.push_back(e);
-                continue;
-            }
-            regions -= 1;
-            bytes -= e.len();
-            victims.push(e);
-        }
-        victims
-    }
-
-    /// The miss path: plan under the miss lock (merge with neighbours, evict to stay under the
-    /// limits), register with the notifier and the device with no cache lock held, so misses on
-    /// other threads proceed meanwhile, then publish under the miss lock again, unless the memory
-    /// changed or another miss published an overlapping region in between.
-    fn miss<'c>(
-        &'c self,
-        slot: Option<&'c ThreadSlot>,
-        addr: usize,
-        end: usize,
-        want: Range<usize>,
-        seen: Seen<R::Key>,
-    ) -> Result<Handle<'c, R>, Error> {
-        let mut merge = true;
-        let mut seen = Some(seen);
-        for _ in 0..MISS_ATTEMPTS {
-            let plan = {
-                let mut st = self.lock_state();
-                let mut free = self.housekeep(&mut st, false);
-                let seen = seen.take();
-                let plan = self.plan_miss(&mut st, slot, addr, end, &want, merge, seen, &mut free);
-                free.extend(self.reclaim(&mut st));
-                drop(st);
-                self.deregister(free);
-                match plan {
-                    Ok(plan) => plan,
-                    Err(hit) => return Ok(hit),
-                }
-            };
-            let union = plan.union.clone();
-            // No cache lock from here to `publish`.
-            let token = match self.notifier.register(union.clone(), plan.cookie) {
-                Ok(t) => t,
-                Err(e) => {
-                    self.unplan(&plan);
-                    match e {
-                        // A neighbour is partly gone (retired by the next plan): try the range
-                        // alone.
-                        crate::Error::Unmapped if union != want => {
-                            merge = false;
-                            continue;
-                        }
-                        e => return Err(e.into()),
-                    }
-                }
-            };
-            let key = match self.registrar.register(union.clone()) {
-                Ok(k) => k,
-                Err(e) => {
-                    let _ = self.notifier.unregister(plan.cookie);
-                    self.unplan(&plan);
-                    return Err(Error::Register(e));
-                }
-            };
-            if let Some(h) = self.publish(slot, plan, token, key, addr, end) {
-                return h;
-            }
-        }
-        Err(Error::Unstable)
-    }
-
-    /// A miss's first step, under the miss lock: a hit if another thread registered the range
-    /// meanwhile (`Err`), else what to register (`Ok`), with the invalidated regions in the way
-    /// retired, room made, and the registration counted as pending.
-    #[allow(clippy::too_many_arguments, clippy::result_large_err)]
-    fn plan_miss<'c>(
-        &'c self,
-        st: &mut State<R::Key>,
-        slot: Option<&'c ThreadSlot>,
-        addr: usize,
-        end: usize,
-        want: &Range<usize>,
-        merge: bool,
-        seen: Option<Seen<R::Key>>,
-        free: &mut Vec<Arc<Entry<R::Key>>>,
-    ) -> Result<MissPlan<R::Key>, Handle<'c, R>> {
-        let (mut absorb, mut dead) = (Vec::new(), Vec::new());
-        let mut union = want.clone();
-        // Regions overlapping or touching `want`: what the hit path saw, if the index did not
-        // change since (then no covering region appeared either: a region's token never becomes
-        // valid again), else a new search, which may find one (another thread registered the
-        // range meanwhile: a hit).
-        let near = match seen.filter(|s| s.writes == self.lookup.writes()) {
-            Some(seen) => {
-                debug_assert!(
-                    walk(
-                        &self.lookup.read(slot.map_or(0, |s| s.stripe)),
-                        &self.notifier,
-                        addr,
-                        end,
-                        want
-                    )
-                    .is_err_and(|now| now.len() == seen.near.len()
-                        && now.iter().zip(&seen.near).all(|(a, b)| Arc::ptr_eq(a, b))),
-                    "the index changed without its write count"
-                );
-                seen.near
-            }
-            None => {
-                let index = self.lookup.read(slot.map_or(0, |s| s.stripe));
-                match walk(&index, &self.notifier, addr, end, want) {
-                    Ok(e) => {
-                        let handle = self.hold(slot, e);
-                        drop(index);
-                        self.count_slow_hit(slot);
-                        return Err(handle);
-                    }
-                    Err(near) => near,
-                }
-            }
-        };
-        for e in near {
-            if !self.notifier.is_valid(e.token) {
-                dead.push(e);
-            } else if (e.end > want.start && e.start < want.end)
-                || (merge && self.config.merge_adjacent)
-            {
-                // Overlapping (always merged), or touching (merged if configured).
-                absorb.push(e);
-            }
-        }
-        for e in &absorb {
-            union = union.start.min(e.start)..union.end.max(e.end);
-        }
-        if !merge || union.len() > self.registrar.max_len() {
-            // Too big merged: register just the range; overlapping regions still go.
-            union = want.clone();
-            absorb.retain(|e| e.end > want.start && e.start < want.end);
-        }
-        let n_dead = self.remove(st, &dead);
-        self.invalidations.fetch_add(n_dead as u64, Relaxed);
-        self.unwatch(&dead);
-        // Retired regions no handle holds any more give their room back first, so that
-        // `evict_for` counts only the ones still pinned by a holder.
-        free.extend(self.reclaim(st));
-        let victims = self.evict_for(st, &absorb, union.len());
-        // Remove what leaves *before* registering with the device: a registrar with a bounded
-        // table (io_uring) needs the room; the regions stay registered (retired) until reclaimed,
-        // so holders are unaffected.
-        let n_evicted = self.remove(st, &victims);
-        self.evictions.fetch_add(n_evicted as u64, Relaxed);
-        let cookie = Cookie(CACHE_COOKIE_BIT | st.next_cookie);
-        st.next_cookie += 1;
-        st.pending_regions += 1;
-        st.pending_bytes += union.len();
-        Ok(MissPlan {
-            union,
-            absorb,
-            cookie,
-            writes: self.lookup.writes(),
-        })
-    }
-
-    /// A planned registration that will not be published: no longer pending.
-    fn unplan(&self, plan: &MissPlan<R::Key>) {
-        let mut st = self.lock_state();
-        st.pending_regions -= 1;
-        st.pending_bytes -= plan.union.len();
-    }
-
-    /// A miss's last step, under the miss lock: publishes the registration and returns a handle
-    /// to it, or a handle to a region another miss published meanwhile that covers the range.
-    /// `None` (after undoing the registration) when the memory changed during the registration
-    /// or an overlapping region got in the way: the caller tries again.
-    fn publish<'c>(
-        &'c self,
-        slot: Option<&'c ThreadSlot>,
-        plan: MissPlan<R::Key>,
-        token: Region,
-        key: R::Key,
-        addr: usize,
-        end: usize,
-    ) -> Option<Result<Handle<'c, R>, Error>> {
-        let MissPlan {
-            union,
-            mut absorb,
-            cookie,
-            writes,
-        } = plan;
-        let mut st = self.lock_state();
-        st.pending_regions -= 1;
-        st.pending_bytes -= union.len();
-        // The memory must not have changed while the device registered it (the device may hold
-        // pages that are not mapped at `addr` any more), and what overlaps the union now must be
-        // inside it (the planned neighbours, or regions another miss published meanwhile).
-        let mut usable = self.notifier.is_valid(token);
-        // Kept for the insertion below when nothing is absorbed (the common case): one round of
-        // the stripes' write locks per miss, not two.
-        let mut checked = None;
-        // Unless a writer came in since the plan (its write count is unchanged), what overlaps
-        // the union is exactly what the plan absorbed: regions never overlap, and the plan saw
-        // every one overlapping the requested range (the union is that range and the absorbed
-        // regions next to it). Then only an absorbed region reaching past the union (a union cut
-        // back to the range) makes it unusable, and the index need not be searched again.
-        let unchanged = writes == self.lookup.writes()
-            && absorb
-                .iter()
-                .all(|a| a.start >= union.start && a.end <= union.end);
-        if usable && unchanged {
-            let index = checked.insert(self.lookup.write());
-            debug_assert!(
-                index
-                    .range(..union.end)
-                    .rev()
-                    .take_while(|(_, e)| e.end > union.start)
-                    .all(|(_, e)| absorb.iter().any(|a| Arc::ptr_eq(a, e))),
-                "a region overlaps the union that the plan did not absorb"
-            );
-        } else if usable {
-            let index = checked.insert(self.lookup.write());
-            for (_, e) in index.range(..union.end).rev() {
-                if e.end <= union.start {
-                    break;
-                }
-                if e.start < union.start || e.end > union.end {
-                    usable = false;
-                    break;
-                }
-                if !absorb.iter().any(|a| Arc::ptr_eq(a, e)) {
-                    absorb.push(e.clone());
-                }
-            }
-        }
-        if !usable {
-            drop(checked);
-            // Another miss may have published what covers the range: take it.
-            let found = {
-                let index = self.lookup.read(slot.map_or(0, |s| s.stripe));
-                covering(&index, addr, end)
-                    .filter(|e| self.notifier.is_valid(e.token))
-                    .map(|e| self.hold(slot, e))
-            };
-            drop(st);
-            let _ = self.registrar.deregister(&key, union.clone());
-            let _ = self.notifier.unregister(cookie);
-            return found.map(|h| {
-                self.count_slow_hit(slot);
-                Ok(h)
-            });
-        }
-        if !absorb.is_empty() {
-            // `remove` takes the write locks itself, and fences after.
-            drop(checked.take());
-            let n_merged = self.remove(&mut st, &absorb);
-            self.merges.fetch_add(n_merged as u64, Relaxed);
-        }
-        let entry = Arc::new(Entry::new(union.clone(), key, cookie, token));
-        {
-            let mut index = checked.unwrap_or_else(|| self.lookup.write());
-            index.insert(union.start, entry.clone());
-        }
-        st.by_cookie.insert(cookie.0, entry.clone());
-        st.clock.push_back(entry.clone());
-        st.live_bytes += union.len();
-        self.bytes.fetch_add(union.len(), Relaxed);
-        self.regions.store(st.by_cookie.len(), Relaxed);
-        self.misses.fetch_add(1, Relaxed);
-        // Held under the miss lock, which every retirer takes: no fence needed.
-        Some(Ok(self.hold(slot, &entry)))
     }
 
     /// Counts a hit found off the hit path.
