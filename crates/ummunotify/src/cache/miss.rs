@@ -79,8 +79,8 @@ fn covering<K>(index: &lookup::Index<K>, start: usize, end: usize) -> Option<&Ar
 }
 
 impl<R: Registrar> Cache<R> {
-    /// Evicts unused regions (CLOCK) until `extra_regions` more regions of `extra_bytes` more
-    /// bytes fit, not counting `leaving` (regions the caller is about to remove).
+    /// Evicts unused regions (CLOCK) until one more region of `extra_bytes` more bytes fits,
+    /// not counting `leaving` (regions the caller is about to remove).
     fn evict_for(
         &self,
         st: &mut State<R::Key>,
