@@ -202,7 +202,7 @@ pub fn run(quick: bool) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
     let miss_20k = misses(NoopRegistrar, 20_000 / scale)?;
     rows.push(row("cache_miss_20k", miss_20k, "cache_miss", miss));
     // The miss against the kernel calls it makes (issue 23), batch by batch in this process.
-    let f = miss_vs_floor(40 / scale.min(4), 50, None)?;
+    let f = miss_vs_floor(40 / scale.min(4), 50, None, Misser::Cache)?;
     rows.push(row("cache_miss_vs_floor", f.miss, "miss_floor3", f.floor3));
     rows.push(row("cache_miss_vs_floor4", f.miss, "miss_floor4", f.floor4));
     let miss_mlock = misses(MlockRegistrar, nmiss)?;
@@ -517,9 +517,12 @@ where
 /// (issue 23) without the minutes of the whole bench. Then `cache_miss_hybrid_vs_floor`, the
 /// same miss on the hybrid backend against the same three calls (its watch makes them too; the
 /// filter's update is user-space work), where hybrid starts: last, since it patches this
-/// process's libc for good. Each round's ratio goes to stderr.
+/// process's libc for good. After each backend's miss rows, `register_vs_floor` and `register_hybrid_vs_floor`: the
+/// notifier's registration of the same pages alone, against the same floor, so that what the
+/// cache's own bookkeeping adds is the difference. Each round's ratio goes to stderr.
 pub fn miss_rows(rounds: usize) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
-    let uffd = miss_rounds(rounds, Backend::Userfaultfd)?;
+    let uffd = miss_rounds(rounds, Backend::Userfaultfd, Misser::Cache)?;
+    let uffd_reg = miss_rounds(rounds, Backend::Userfaultfd, Misser::Notifier)?;
     let mut rows = vec![
         row("cache_miss_vs_floor", uffd.miss, "miss_floor3", uffd.floor3),
         row(
@@ -534,6 +537,12 @@ pub fn miss_rows(rounds: usize) -> Result<Vec<Row>, Box<dyn std::error::Error>> 
         &uffd,
         ["uffd_miss_calls_inside", "uffd_miss_own_work"],
     );
+    rows.push(row(
+        "register_vs_floor",
+        uffd_reg.miss,
+        "miss_floor3",
+        uffd_reg.floor3,
+    ));
     match Notifier::with_backend(Backend::Hybrid) {
         Ok(n) => drop(n),
         Err(e) => {
@@ -541,7 +550,8 @@ pub fn miss_rows(rounds: usize) -> Result<Vec<Row>, Box<dyn std::error::Error>> 
             return Ok(rows);
         }
     }
-    let hybrid = miss_rounds(rounds, Backend::Hybrid)?;
+    let hybrid = miss_rounds(rounds, Backend::Hybrid, Misser::Cache)?;
+    let hybrid_reg = miss_rounds(rounds, Backend::Hybrid, Misser::Notifier)?;
     rows.push(row(
         "cache_miss_hybrid_vs_floor",
         hybrid.miss,
@@ -553,6 +563,12 @@ pub fn miss_rows(rounds: usize) -> Result<Vec<Row>, Box<dyn std::error::Error>> 
         &hybrid,
         ["hybrid_miss_calls_inside", "hybrid_miss_own_work"],
     );
+    rows.push(row(
+        "register_hybrid_vs_floor",
+        hybrid_reg.miss,
+        "miss_floor3",
+        hybrid_reg.floor3,
+    ));
     Ok(rows)
 }
 
@@ -568,12 +584,17 @@ fn breakdown_rows(rows: &mut Vec<Row>, f: &MissFloor, names: [&'static str; 2]) 
 }
 
 /// `rounds` rounds of [`miss_vs_floor`] on `backend`: the medians of the rounds' figures.
-fn miss_rounds(rounds: usize, backend: Backend) -> Result<MissFloor, Box<dyn std::error::Error>> {
+fn miss_rounds(
+    rounds: usize,
+    backend: Backend,
+    what: Misser,
+) -> Result<MissFloor, Box<dyn std::error::Error>> {
     let mut all = Vec::new();
     for r in 0..rounds {
-        let f = miss_vs_floor(40, 50, Some(backend))?;
+        let f = miss_vs_floor(40, 50, Some(backend), what)?;
         eprintln!(
-            "{backend:?} round {r}: miss {:.0} ns, floor3 {:.0} ns, ratio {:.2}",
+            "{backend:?} {} round {r}: {:.0} ns, floor3 {:.0} ns, ratio {:.2}",
+            what.name(),
             f.miss,
             f.floor3,
             f.miss / f.floor3
@@ -607,9 +628,29 @@ fn miss_rounds(rounds: usize, backend: Backend) -> Result<MissFloor, Box<dyn std
     })
 }
 
+/// What [`miss_vs_floor`] times against the floor.
+#[derive(Clone, Copy, Debug)]
+enum Misser {
+    /// A cache miss (`get` + drop, no-op registrar).
+    Cache,
+    /// The notifier's registration alone (`Notifier::register` of the same page, kept),
+    /// through the cache's own notifier: what the cache's bookkeeping adds is the difference.
+    Notifier,
+}
+
+impl Misser {
+    fn name(self) -> &'static str {
+        match self {
+            Misser::Cache => "cache miss",
+            Misser::Notifier => "notifier register",
+        }
+    }
+}
+
 /// A cache miss and its kernel floor, measured in alternating batches (medians of the batches'
 /// means, ns).
 struct MissFloor {
+    /// The timed operation ([`Misser`]), ns.
     miss: f64,
     /// `UFFDIO_REGISTER` of a fresh page, a signal-mask pair and `PROCMAP_QUERY`: the kernel
     /// calls a miss on never-watched memory makes (bench/miss_floor.c).
@@ -631,6 +672,7 @@ fn miss_vs_floor(
     batches: usize,
     per: usize,
     backend: Option<Backend>,
+    what: Misser,
 ) -> Result<MissFloor, Box<dyn std::error::Error>> {
     const PROCMAP_QUERY: libc::c_ulong = 0xc068_6611; // _IOWR('f', 17, struct procmap_query)
     #[repr(C)]
@@ -714,8 +756,23 @@ fn miss_vs_floor(
         calls.push([reg, mask, query].map(|ns| ns as f64 / per_f));
         let before = call_times();
         let t = Instant::now();
-        for i in 0..per {
-            drop(cache.get(miss_arena + 2 * (b * per + i) * pg, pg)?);
+        match what {
+            Misser::Cache => {
+                for i in 0..per {
+                    drop(cache.get(miss_arena + 2 * (b * per + i) * pg, pg)?);
+                }
+            }
+            Misser::Notifier => {
+                for i in 0..per {
+                    let (k, at) = (b * per + i, miss_arena + 2 * (b * per + i) * pg);
+                    // Kept, as the cache keeps its regions; cookies without the cache's bit.
+                    black_box(
+                        cache
+                            .notifier()
+                            .register(at..at + pg, Cookie(k as u64 + 1))?,
+                    );
+                }
+            }
         }
         misses_ns.push(t.elapsed().as_nanos() as f64 / per_f);
         if let (Some(before), Some(after)) = (before, call_times()) {

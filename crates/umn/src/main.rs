@@ -42,7 +42,8 @@ commands:
                      cache and notifier costs as ratios to baselines measured in the same run
                      (build with --release); --ebpf: only the eBPF backend's rows (root);
                      --miss: only the cache miss against its kernel floor, 10 rounds, on
-                     userfaultfd, then on hybrid (issue 23);
+                     userfaultfd, then on hybrid (issue 23), each followed by the
+                     notifier's registration alone against the same floor;
                      each backend's munmap/madvise costs: bench --backends
   bench --backends [--json] [--svg FILE]
                      every backend that starts here (and UCX 1.22's hooks + rcache) side by
