@@ -253,6 +253,78 @@ fn threads_hit_and_invalidate() {
     assert!(cache.registrar().live.lock().unwrap().is_empty());
 }
 
+/// A registrar with a table of `cap` entries that notes the most it ever held at once, and yields
+/// the CPU inside its calls so that misses on other threads go on meanwhile.
+struct Bounded {
+    cap: usize,
+    live: AtomicUsize,
+    most: AtomicUsize,
+}
+
+impl Registrar for Bounded {
+    type Key = ();
+    fn register(&self, _range: std::ops::Range<usize>) -> std::io::Result<()> {
+        let now = self.live.fetch_add(1, SeqCst) + 1;
+        self.most.fetch_max(now, SeqCst);
+        std::thread::yield_now();
+        Ok(())
+    }
+    fn deregister(&self, _key: &(), _range: std::ops::Range<usize>) -> std::io::Result<()> {
+        std::thread::yield_now();
+        self.live.fetch_sub(1, SeqCst);
+        Ok(())
+    }
+    fn max_registrations(&self) -> Option<usize> {
+        Some(self.cap)
+    }
+}
+
+/// Misses on pages with nothing cached next to them plan without the miss lock, and evictions
+/// deregister without it: threads missing together must still never ask a bounded registrar
+/// for more than its table (each counts the others' registrations in flight and the ones still
+/// being deregistered, and waits for them when only they are in the way).
+#[test]
+fn concurrent_misses_never_overfill_a_bounded_registrar() {
+    let _serial = serial();
+    let pg = page();
+    const CAP: usize = 5;
+    const THREADS: usize = 4;
+    const PER: usize = 500;
+    let registrar = Bounded {
+        cap: CAP,
+        live: AtomicUsize::new(0),
+        most: AtomicUsize::new(0),
+    };
+    let cache = Cache::new(registrar, Config::default()).unwrap();
+    // One page in two: no region ever touches another, so no miss merges.
+    let arena = map(2 * THREADS * PER * pg);
+    std::thread::scope(|s| {
+        for t in 0..THREADS {
+            let cache = &cache;
+            s.spawn(move || {
+                for i in 0..PER {
+                    let at = arena + 2 * (i * THREADS + t) * pg;
+                    let h = cache.get(at, 64).unwrap();
+                    assert!(h.range().contains(&at));
+                }
+            });
+        }
+    });
+    let st = cache.stats();
+    let reg = cache.registrar();
+    assert_eq!(st.misses, (THREADS * PER) as u64);
+    assert!(st.evictions > 0, "the table was never full: {st:?}");
+    assert!(
+        reg.most.load(SeqCst) <= CAP,
+        "the registrar held {} registrations at once, its table {CAP}",
+        reg.most.load(SeqCst)
+    );
+    cache.flush();
+    assert_eq!(reg.live.load(SeqCst), st.regions + cache.stats().retired);
+    drop(cache);
+    unmap(arena, 2 * THREADS * PER * pg);
+}
+
 /// Regions invalidated while held stay registered with the device until their handles drop. A
 /// registrar with a bounded table (io_uring: 4 slots here) must not be asked for more than it has:
 /// the cache evicts unheld regions to make room for the pinned ones instead of failing.

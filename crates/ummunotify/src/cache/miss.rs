@@ -1,9 +1,10 @@
-//! The miss path: plan under the miss lock, register with the notifier and the device with no
-//! cache lock held, publish under the miss lock again (or try again, or take what another miss
-//! published meanwhile).
+//! The miss path: plan under the miss lock (or without it, for a range with nothing cached next
+//! to it), register with the notifier and the device with no cache lock held, publish under the
+//! miss lock again (or try again, or take what another miss published meanwhile).
 
 use std::ops::Range;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 use std::sync::Arc;
 
 use super::entry::Entry;
@@ -14,6 +15,49 @@ use crate::{Cookie, Notifier, Region};
 
 /// How many times a miss retries when the memory changes while it is being registered.
 const MISS_ATTEMPTS: usize = 4;
+
+/// How many times a miss waits (yielding, no lock held) for the registrations in flight on
+/// other threads when only they stand between it and the registrar's limit, before it registers
+/// anyway and leaves the registrar to refuse.
+const FULL_WAITS: usize = 1_000;
+
+/// The regions and bytes of misses registering now (planned, not yet published or given up).
+///
+/// A miss reserves its share *before* it checks the limits, and gives it back only after what
+/// it registered is counted in the cache's `regions` and `bytes` (published) or released by the
+/// registrar (given up). So of two misses checking at once, the later reservation sees the
+/// earlier one, whichever of them holds the miss lock: the cache never holds more than its
+/// limits, and a registrar with a bounded table is never asked for more than it has.
+#[derive(Default)]
+pub(super) struct Pending {
+    regions: AtomicUsize,
+    bytes: AtomicUsize,
+}
+
+/// What a miss counts against the limits besides itself: the other misses in flight, from the
+/// values its reservation returned.
+#[derive(Clone, Copy)]
+struct Others {
+    regions: usize,
+    bytes: usize,
+}
+
+impl Pending {
+    /// Reserves one region of `len` bytes; returns what the other misses had reserved then.
+    fn reserve(&self, len: usize) -> Others {
+        Others {
+            regions: self.regions.fetch_add(1, AcqRel),
+            bytes: self.bytes.fetch_add(len, AcqRel),
+        }
+    }
+
+    /// Gives back a reservation of `len` bytes, after the cache counts what it became (a
+    /// publish), or after the registrar released it (a miss given up).
+    fn release(&self, len: usize) {
+        self.regions.fetch_sub(1, Release);
+        self.bytes.fetch_sub(len, Release);
+    }
+}
 
 /// What a miss registers (outside the miss lock), planned under it.
 struct MissPlan<K> {
@@ -79,30 +123,39 @@ fn covering<K>(index: &lookup::Index<K>, start: usize, end: usize) -> Option<&Ar
 }
 
 impl<R: Registrar> Cache<R> {
-    /// Evicts unused regions (CLOCK) until one more region of `extra_bytes` more bytes fits,
-    /// not counting `leaving` (regions the caller is about to remove).
+    /// Whether one more region of `extra_bytes` bytes fits beside `regions` regions of `bytes`
+    /// bytes in the cache and `pinned` out of it but still registered.
+    fn fits(&self, regions: usize, pinned: usize, bytes: usize, extra_bytes: usize) -> bool {
+        // Regions that left the cache while a handle holds them stay registered with the device
+        // until dropped: a registrar with a bounded table (io_uring) has room only for the rest.
+        let cap = self.registrar.max_registrations().unwrap_or(usize::MAX);
+        regions < self.config.max_regions
+            && regions.saturating_add(pinned) < cap
+            && bytes.saturating_add(extra_bytes) <= self.config.max_bytes
+    }
+
+    /// Evicts unused regions (CLOCK) until one more region of `extra_bytes` more bytes fits
+    /// beside `others` (the other misses in flight), not counting `leaving` (regions the caller
+    /// is about to remove) nor `own` (registrations the caller deregisters before it registers).
+    /// Also returns whether it fits then.
     fn evict_for(
         &self,
         st: &mut State<R::Key>,
         leaving: &[Arc<Entry<R::Key>>],
         extra_bytes: usize,
-    ) -> Vec<Arc<Entry<R::Key>>> {
+        others: Others,
+        own: usize,
+    ) -> (Vec<Arc<Entry<R::Key>>>, bool) {
         let leaving_bytes: usize = leaving.iter().map(|e| e.len()).sum();
-        let mut regions = (st.by_cookie.len() + st.pending_regions).saturating_sub(leaving.len());
-        let mut bytes = (st.live_bytes + st.pending_bytes).saturating_sub(leaving_bytes);
+        let mut regions = (st.by_cookie.len() + others.regions).saturating_sub(leaving.len());
+        let mut bytes = (st.live_bytes + others.bytes).saturating_sub(leaving_bytes);
         let threads = self.threads.lock().unwrap_or_else(|p| p.into_inner());
-        // Regions that left the cache while a handle holds them stay registered with the device
-        // until dropped: a registrar with a bounded table (io_uring) has room only for the rest.
-        let cap = self.registrar.max_registrations().unwrap_or(usize::MAX);
-        let pinned = st.retired.len() + leaving.iter().filter(|e| self.held(&threads, e)).count();
-        let fits = |r: usize, b: usize| {
-            r < self.config.max_regions
-                && r.saturating_add(pinned) < cap
-                && b.saturating_add(extra_bytes) <= self.config.max_bytes
-        };
+        let pinned = self.pinned(st).saturating_sub(own)
+            + leaving.iter().filter(|e| self.held(&threads, e)).count();
+        let fits = |r: usize, b: usize| self.fits(r, pinned, b, extra_bytes);
         let mut victims = Vec::new();
         if fits(regions, bytes) {
-            return victims;
+            return (victims, true);
         }
         let mut budget = 2 * st.clock.len() + 1;
         while !fits(regions, bytes) && budget > 0 {
@@ -119,7 +172,7 @@ impl<R: Registrar> Cache<R> {
             bytes -= e.len();
             victims.push(e);
         }
-        victims
+        (victims, fits(regions, bytes))
     }
 
     /// The miss path: plan under the miss lock (merge with neighbours, evict to stay under the
@@ -136,17 +189,37 @@ impl<R: Registrar> Cache<R> {
     ) -> Result<Handle<'c, R>, Error> {
         let mut merge = true;
         let mut seen = Some(seen);
-        for _ in 0..MISS_ATTEMPTS {
-            let plan = {
+        let mut waits = 0;
+        let mut attempts = 0;
+        while attempts < MISS_ATTEMPTS {
+            attempts += 1;
+            // Nothing near the range: no lock needed to plan (see `plan_unlocked`).
+            let unlocked = seen
+                .take_if(|s| s.near.is_empty())
+                .and_then(|s| self.plan_unlocked(&want, s.writes));
+            let plan = if let Some(plan) = unlocked {
+                plan
+            } else {
                 let mut st = self.lock_state();
                 let mut free = self.housekeep(&mut st, false);
                 let seen = seen.take();
-                let plan = self.plan_miss(&mut st, slot, addr, end, &want, merge, seen, &mut free);
+                let may_wait = waits < FULL_WAITS;
+                let plan = self.plan_miss(
+                    &mut st, slot, addr, end, &want, merge, seen, &mut free, may_wait,
+                );
                 free.extend(self.reclaim(&mut st));
                 drop(st);
                 self.deregister(free);
                 match plan {
-                    Ok(plan) => plan,
+                    Ok(Some(plan)) => plan,
+                    Ok(None) => {
+                        // Full of other threads' registrations in flight: let them land (their
+                        // publish takes the miss lock, not held here) and plan again.
+                        waits += 1;
+                        attempts -= 1;
+                        std::thread::yield_now();
+                        continue;
+                    }
                     Err(hit) => return Ok(hit),
                 }
             };
@@ -183,8 +256,10 @@ impl<R: Registrar> Cache<R> {
     }
 
     /// A miss's first step, under the miss lock: a hit if another thread registered the range
-    /// meanwhile (`Err`), else what to register (`Ok`), with the invalidated regions in the way
-    /// retired, room made, and the registration counted as pending.
+    /// meanwhile (`Err`), else what to register (`Ok(Some)`), with the invalidated regions in the
+    /// way retired, room made, and the registration counted as pending. `Ok(None)` (only if
+    /// `may_wait`): no room even with every unused region evicted, while registrations of other
+    /// misses or deregistrations on other threads are in flight: the caller waits for them.
     #[allow(clippy::too_many_arguments, clippy::result_large_err)]
     fn plan_miss<'c>(
         &'c self,
@@ -196,7 +271,8 @@ impl<R: Registrar> Cache<R> {
         merge: bool,
         seen: Option<Seen<R::Key>>,
         free: &mut Vec<Arc<Entry<R::Key>>>,
-    ) -> Result<MissPlan<R::Key>, Handle<'c, R>> {
+        may_wait: bool,
+    ) -> Result<Option<MissPlan<R::Key>>, Handle<'c, R>> {
         let (mut absorb, mut dead) = (Vec::new(), Vec::new());
         let mut union = want.clone();
         // Regions overlapping or touching `want`: what the hit path saw, if the index did not
@@ -256,29 +332,68 @@ impl<R: Registrar> Cache<R> {
         // Retired regions no handle holds any more give their room back first, so that
         // `evict_for` counts only the ones still pinned by a holder.
         free.extend(self.reclaim(st));
-        let victims = self.evict_for(st, &absorb, union.len());
+        let others = self.pending.reserve(union.len());
+        let (victims, room) = self.evict_for(st, &absorb, union.len(), others, free.len());
         // Remove what leaves *before* registering with the device: a registrar with a bounded
         // table (io_uring) needs the room; the regions stay registered (retired) until reclaimed,
         // so holders are unaffected.
         let n_evicted = self.remove(st, &victims);
         self.evictions.fetch_add(n_evicted as u64, Relaxed);
-        let cookie = Cookie(CACHE_COOKIE_BIT | st.next_cookie);
-        st.next_cookie += 1;
-        st.pending_regions += 1;
-        st.pending_bytes += union.len();
-        Ok(MissPlan {
+        let in_flight = others.regions > 0 || self.releasing.load(Acquire) > free.len();
+        if !room && in_flight && may_wait {
+            self.pending.release(union.len());
+            return Ok(None);
+        }
+        Ok(Some(MissPlan {
             union,
             absorb,
-            cookie,
+            cookie: self.next_cookie(),
             writes: self.lookup.writes(),
+        }))
+    }
+
+    fn next_cookie(&self) -> Cookie {
+        Cookie(CACHE_COOKIE_BIT | self.next_cookie.fetch_add(1, Relaxed))
+    }
+
+    /// A miss's first step without the miss lock, when the slow hit path found no region
+    /// overlapping or touching the page-rounded range as of the index's write count `writes`:
+    /// then nothing is merged, nothing in the way is retired, and the plan is the range alone,
+    /// as `plan_miss` would make it. Only the limits need checking, against the counts the
+    /// cache keeps for that (`Pending`); `None` when the region may not fit, and `plan_miss`
+    /// evicts under the lock. Saves a miss a round of the miss lock with its housekeeping (the
+    /// slow path's `maintain` applied the pending events just before).
+    ///
+    /// `publish` checks the plan as it checks a locked one: if the index changed since
+    /// `writes`, it searches the union again, and a region that appeared over it sends the miss
+    /// round again (or makes it a hit).
+    fn plan_unlocked(&self, want: &Range<usize>, writes: u64) -> Option<MissPlan<R::Key>> {
+        let len = want.len();
+        let others = self.pending.reserve(len);
+        // After the reservation (which synchronises with the release of every miss it no longer
+        // counts, so what those published is seen here): the regions in the cache, those out
+        // of it but still registered, in that order (see `remove` and `reclaim`: a region is
+        // counted in the next before it leaves one), and the bytes registered (retired ones
+        // too: only ever more than the locked path counts).
+        let regions = self.regions.load(Acquire) + others.regions;
+        let pinned = self.retired.load(Acquire) + self.releasing.load(Acquire);
+        let bytes = self.bytes.load(Acquire) + others.bytes;
+        if !self.fits(regions, pinned, bytes, len) {
+            self.pending.release(len);
+            return None;
+        }
+        Some(MissPlan {
+            union: want.clone(),
+            absorb: Vec::new(),
+            cookie: self.next_cookie(),
+            writes,
         })
     }
 
-    /// A planned registration that will not be published: no longer pending.
+    /// A planned registration that will not be published (nothing registered, or all of it
+    /// released again): no longer pending.
     fn unplan(&self, plan: &MissPlan<R::Key>) {
-        let mut st = self.lock_state();
-        st.pending_regions -= 1;
-        st.pending_bytes -= plan.union.len();
+        self.pending.release(plan.union.len());
     }
 
     /// A miss's last step, under the miss lock: publishes the registration and returns a handle
@@ -301,8 +416,6 @@ impl<R: Registrar> Cache<R> {
             writes,
         } = plan;
         let mut st = self.lock_state();
-        st.pending_regions -= 1;
-        st.pending_bytes -= union.len();
         // The memory must not have changed while the device registered it (the device may hold
         // pages that are not mapped at `addr` any more), and what overlaps the union now must be
         // inside it (the planned neighbours, or regions another miss published meanwhile).
@@ -356,6 +469,7 @@ impl<R: Registrar> Cache<R> {
             drop(st);
             let _ = self.registrar.deregister(&key, union.clone());
             let _ = self.notifier.unregister(cookie);
+            self.pending.release(union.len());
             return found.map(|h| {
                 self.count_slow_hit(slot);
                 Ok(h)
@@ -375,8 +489,10 @@ impl<R: Registrar> Cache<R> {
         st.by_cookie.insert(cookie.0, entry.clone());
         st.clock.push_back(entry.clone());
         st.live_bytes += union.len();
+        // Counted before the reservation goes (see `Pending`).
         self.bytes.fetch_add(union.len(), Relaxed);
         self.regions.store(st.by_cookie.len(), Relaxed);
+        self.pending.release(union.len());
         self.misses.fetch_add(1, Relaxed);
         // Held under the miss lock, which every retirer takes: no fence needed.
         Some(Ok(self.hold(slot, &entry)))

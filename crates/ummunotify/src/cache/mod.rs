@@ -65,7 +65,7 @@ use std::fmt;
 use std::io;
 use std::ops::Range;
 use std::ptr::NonNull;
-use std::sync::atomic::Ordering::{Acquire, Relaxed, SeqCst};
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
 use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -206,11 +206,6 @@ struct State<K> {
     /// Out of the index, waiting for their holders.
     retired: Vec<Arc<Entry<K>>>,
     live_bytes: usize,
-    /// Misses registering outside the miss lock now: regions and bytes they will add (counted by
-    /// `evict_for`, so concurrent misses do not overfill the registrar together).
-    pending_regions: usize,
-    pending_bytes: usize,
-    next_cookie: u64,
     /// Notifier generation up to which events were read.
     seen: Generation,
     /// Events of the user's own regions, read while looking for the cache's: at most one per
@@ -240,6 +235,10 @@ pub struct Cache<R: Registrar> {
     config: Config,
     seen: AtomicU64,
     retired: AtomicUsize,
+    /// Retired regions taken out of `State::retired` to be deregistered, not deregistered yet
+    /// (`reclaim` to `deregister`, which runs without the miss lock): still in the registrar's
+    /// table, so counted against its limit with the retired ones.
+    releasing: AtomicUsize,
     slow_hits: AtomicU64,
     misses: AtomicU64,
     invalidations: AtomicU64,
@@ -249,6 +248,10 @@ pub struct Cache<R: Registrar> {
     deregister_errors: AtomicU64,
     regions: AtomicUsize,
     bytes: AtomicUsize,
+    /// Misses registering outside the miss lock now: the regions and bytes they will add,
+    /// reserved before the limits are checked (see `miss::Pending`).
+    pending: miss::Pending,
+    next_cookie: AtomicU64,
 }
 
 // SAFETY: `counter` is a shared reference in disguise (to an atomic in the notifier's counter
@@ -296,9 +299,6 @@ impl<R: Registrar> Cache<R> {
                 clock: VecDeque::new(),
                 retired: Vec::new(),
                 live_bytes: 0,
-                pending_regions: 0,
-                pending_bytes: 0,
-                next_cookie: 1,
                 seen,
                 user_events: HashMap::new(),
                 user_events_pruned: 0,
@@ -307,6 +307,7 @@ impl<R: Registrar> Cache<R> {
             config,
             seen: AtomicU64::new(seen.0),
             retired: AtomicUsize::new(0),
+            releasing: AtomicUsize::new(0),
             slow_hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
             invalidations: AtomicU64::new(0),
@@ -316,6 +317,8 @@ impl<R: Registrar> Cache<R> {
             deregister_errors: AtomicU64::new(0),
             regions: AtomicUsize::new(0),
             bytes: AtomicUsize::new(0),
+            pending: miss::Pending::default(),
+            next_cookie: AtomicU64::new(1),
         }
     }
 
@@ -688,8 +691,11 @@ impl<R: Registrar> Cache<R> {
             // Pairs with `fence::light` on the hit path: after this, a thread either sees the new
             // epoch (and drops its MRU) or its hazard is visible to `reclaim`.
             fence::heavy();
-            self.regions.store(st.by_cookie.len(), Relaxed);
+            // Retired first: a miss planning without the lock reads `regions` and then
+            // `retired`, so it never sees a region leave the one before it joins the other
+            // (their sum is what the registrar holds).
             self.retired.store(st.retired.len(), Relaxed);
+            self.regions.store(st.by_cookie.len(), Release);
             if st.clock.len() > 2 * st.by_cookie.len() + 64 {
                 st.clock.retain(|e| !e.removed.load(Relaxed));
             }
@@ -713,8 +719,17 @@ impl<R: Registrar> Cache<R> {
             .into_iter()
             .partition(|e| self.held(&threads, e));
         st.retired = held;
-        self.retired.store(st.retired.len(), Relaxed);
+        // Counted as releasing before they leave `retired` (see `remove` for the readers'
+        // order): a registration may never seem to have left the registrar before it did.
+        self.releasing.fetch_add(free.len(), Relaxed);
+        self.retired.store(st.retired.len(), Release);
         free
+    }
+
+    /// Registrations out of the cache that the registrar still holds (miss lock held): retired,
+    /// and being deregistered by another call.
+    fn pinned(&self, st: &State<R::Key>) -> usize {
+        st.retired.len() + self.releasing.load(Acquire)
     }
 
     /// Releases registrations (no cache lock held).
@@ -728,6 +743,7 @@ impl<R: Registrar> Cache<R> {
             }
             self.deregistrations.fetch_add(1, Relaxed);
             self.bytes.fetch_sub(e.len(), Relaxed);
+            self.releasing.fetch_sub(1, Release);
         }
     }
 
