@@ -8,6 +8,7 @@
 
 use std::cell::UnsafeCell;
 use std::collections::BTreeMap;
+use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -24,7 +25,17 @@ pub(super) type Index<K> = BTreeMap<usize, Arc<Entry<K>>>;
 #[repr(align(128))]
 struct Stripe(RwLock<()>);
 
+/// A stripe's write guard while a writer holds it, kept in the `Lookup` beside the stripe
+/// instead of in the writer's guard: a guard holding all of them by value was 272 bytes, built
+/// and copied twice per miss (~270 instructions of a ~5,000-instruction miss, issue 23).
+type Held = Option<RwLockWriteGuard<'static, ()>>;
+
 pub(super) struct Lookup<K> {
+    /// `held[i]`: stripe `i`'s write guard, set and taken only by the thread holding that very
+    /// guard (after it locked the stripe, before it unlocks it), so the stripe's lock orders
+    /// every access to it. Declared before `stripes`: if a guard were still in it (a leaked
+    /// `WriteGuard`), it is dropped, and its stripe unlocked, before the stripe goes.
+    held: Box<[UnsafeCell<Held>]>,
     stripes: Box<[Stripe]>,
     index: UnsafeCell<Index<K>>,
     /// Write accesses finished so far, counted as each ends (all stripes still held): equal at
@@ -35,9 +46,11 @@ pub(super) struct Lookup<K> {
 
 // SAFETY: the index is read only under a stripe's read lock and written only under every
 // stripe's write lock (see `read`/`write`), so readers and writers never overlap; the entries
-// are `Send + Sync` when `K` is.
+// are `Send + Sync` when `K` is. `held[i]` is touched only by the thread holding stripe `i`'s
+// write lock, which also drops the guard in it (`WriteGuard` is neither `Send` nor `Sync`).
 unsafe impl<K: Send + Sync> Sync for Lookup<K> {}
-// SAFETY: as above; moving the whole structure moves owned data only.
+// SAFETY: as above; moving the whole structure moves owned data only (no guard is in `held`
+// unless a `WriteGuard` borrows the structure, which then can not move).
 unsafe impl<K: Send + Sync> Send for Lookup<K> {}
 
 pub(super) struct ReadGuard<'a, K> {
@@ -53,15 +66,21 @@ impl<K> std::ops::Deref for ReadGuard<'_, K> {
 }
 
 pub(super) struct WriteGuard<'a, K> {
-    _g: [Option<RwLockWriteGuard<'a, ()>>; STRIPES],
+    lookup: &'a Lookup<K>,
     index: &'a mut Index<K>,
-    writes: &'a AtomicU64,
+    /// Unlocked on the thread that locked (as the std guards in `held` must be).
+    _not_send: PhantomData<*const ()>,
 }
 
 impl<K> Drop for WriteGuard<'_, K> {
-    /// Counted before the stripes are released (fields drop after this).
+    /// Counted before the stripes are released, then releases them (last locked first).
     fn drop(&mut self) {
-        self.writes.fetch_add(1, Relaxed);
+        self.lookup.writes.fetch_add(1, Relaxed);
+        for held in self.lookup.held.iter().rev() {
+            // SAFETY: this thread holds the stripe's write lock (`write` put its guard here),
+            // so no other thread touches this cell until the guard taken out is dropped.
+            drop(unsafe { (*held.get()).take() });
+        }
     }
 }
 
@@ -79,11 +98,10 @@ impl<K> std::ops::DerefMut for WriteGuard<'_, K> {
 
 impl<K> Lookup<K> {
     pub(super) fn new() -> Self {
+        let n = std::thread::available_parallelism().map_or(STRIPES, |n| n.get().min(STRIPES));
         Lookup {
-            stripes: (0..std::thread::available_parallelism().map_or(STRIPES, |n| n.get()))
-                .take(STRIPES)
-                .map(|_| Stripe(RwLock::new(())))
-                .collect(),
+            held: (0..n).map(|_| UnsafeCell::new(None)).collect(),
+            stripes: (0..n).map(|_| Stripe(RwLock::new(()))).collect(),
             index: UnsafeCell::new(BTreeMap::new()),
             writes: AtomicU64::new(0),
         }
@@ -106,19 +124,27 @@ impl<K> Lookup<K> {
     }
 
     /// Exclusive access: every stripe, in order (callers hold the cache's miss lock, so writers
-    /// never race each other for the stripes). The guards live in an array: no allocation on a
-    /// miss for them.
+    /// never race each other for the stripes). The stripes' guards wait in `held` until the
+    /// `WriteGuard` drops: no allocation, and nothing to copy when it moves.
     pub(super) fn write(&self) -> WriteGuard<'_, K> {
-        let guards: [_; STRIPES] = std::array::from_fn(|i| {
-            let s = self.stripes.get(i)?;
-            Some(s.0.write().unwrap_or_else(|p| p.into_inner()))
-        });
+        for (stripe, held) in self.stripes.iter().zip(self.held.iter()) {
+            let g = stripe.0.write().unwrap_or_else(|p| p.into_inner());
+            // SAFETY: the guard borrows `self.stripes`, and leaves `held` (dropped) before a
+            // `WriteGuard` borrowing `self` ends, or before the stripes when `self` drops (field
+            // order): it never outlives its lock. The lifetime is all this changes.
+            let g = unsafe {
+                std::mem::transmute::<RwLockWriteGuard<'_, ()>, RwLockWriteGuard<'static, ()>>(g)
+            };
+            // SAFETY: this thread holds this stripe's write lock (just taken), which orders
+            // every access to its cell (see `held`).
+            unsafe { *held.get() = Some(g) };
+        }
         // SAFETY: every stripe is write-locked: no reader and no other writer exists.
         let index = unsafe { &mut *self.index.get() };
         WriteGuard {
-            _g: guards,
+            lookup: self,
             index,
-            writes: &self.writes,
+            _not_send: PhantomData,
         }
     }
 
