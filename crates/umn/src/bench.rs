@@ -517,9 +517,10 @@ where
 /// (issue 23) without the minutes of the whole bench. Then `cache_miss_hybrid_vs_floor`, the
 /// same miss on the hybrid backend against the same three calls (its watch makes them too; the
 /// filter's update is user-space work), where hybrid starts: last, since it patches this
-/// process's libc for good. After each backend's miss rows, `register_vs_floor` and `register_hybrid_vs_floor`: the
-/// notifier's registration of the same pages alone, against the same floor, so that what the
-/// cache's own bookkeeping adds is the difference. Each round's ratio goes to stderr.
+/// process's libc for good. After each backend's miss rows, `register_vs_floor` and
+/// `register_hybrid_vs_floor`: the notifier's registration of the same pages alone, against the
+/// same floor, so that what the cache's own bookkeeping adds is the difference. Each round's
+/// ratio goes to stderr.
 pub fn miss_rows(rounds: usize) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
     let uffd = miss_rounds(rounds, Backend::Userfaultfd, Misser::Cache)?;
     let uffd_reg = miss_rounds(rounds, Backend::Userfaultfd, Misser::Notifier)?;
@@ -764,7 +765,8 @@ fn miss_vs_floor(
             }
             Misser::Notifier => {
                 for i in 0..per {
-                    let (k, at) = (b * per + i, miss_arena + 2 * (b * per + i) * pg);
+                    let k = b * per + i;
+                    let at = miss_arena + 2 * k * pg;
                     // Kept, as the cache keeps its regions; cookies without the cache's bit.
                     black_box(
                         cache

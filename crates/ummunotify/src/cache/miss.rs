@@ -192,12 +192,14 @@ impl<R: Registrar> Cache<R> {
         let mut waits = 0;
         let mut attempts = 0;
         while attempts < MISS_ATTEMPTS {
-            attempts += 1;
-            // Nothing near the range: no lock needed to plan (see `plan_unlocked`).
-            let unlocked = seen
-                .take_if(|s| s.near.is_empty())
-                .and_then(|s| self.plan_unlocked(&want, s.writes));
+            // Nothing near the range: no lock needed to plan (see `plan_unlocked`). If the
+            // region may not fit, the locked plan below still uses what the walk saw.
+            let unlocked = match &seen {
+                Some(s) if s.near.is_empty() => self.plan_unlocked(&want, s.writes),
+                _ => None,
+            };
             let plan = if let Some(plan) = unlocked {
+                seen = None;
                 plan
             } else {
                 let mut st = self.lock_state();
@@ -216,13 +218,13 @@ impl<R: Registrar> Cache<R> {
                         // Full of other threads' registrations in flight: let them land (their
                         // publish takes the miss lock, not held here) and plan again.
                         waits += 1;
-                        attempts -= 1;
                         std::thread::yield_now();
                         continue;
                     }
                     Err(hit) => return Ok(hit),
                 }
             };
+            attempts += 1;
             let union = plan.union.clone();
             // No cache lock from here to `publish`.
             let token = match self.notifier.register(union.clone(), plan.cookie) {
@@ -362,7 +364,9 @@ impl<R: Registrar> Cache<R> {
     /// as `plan_miss` would make it. Only the limits need checking, against the counts the
     /// cache keeps for that (`Pending`); `None` when the region may not fit, and `plan_miss`
     /// evicts under the lock. Saves a miss a round of the miss lock with its housekeeping (the
-    /// slow path's `maintain` applied the pending events just before).
+    /// slow path's `maintain` just applied any pending events, unless another thread held the
+    /// lock: then the next slow call does; none of them concerns this range, which had nothing
+    /// near it).
     ///
     /// `publish` checks the plan as it checks a locked one: if the index changed since
     /// `writes`, it searches the union again, and a region that appeared over it sends the miss
