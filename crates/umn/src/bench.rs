@@ -665,10 +665,18 @@ struct MissFloor {
 }
 
 /// `batches` rounds of `per` misses (no-op registrar, one page every other page, regions kept)
-/// and `per` floor rounds (the same calls made directly, on pages of another mapping, watched
-/// through a userfaultfd context of the bench's own, as the library opens its own), one batch
-/// of each after the other: both see the machine in the same state, and the per-batch ratio
-/// does not drift with it. The cache's notifier runs on `backend`, `None`: `Notifier::new()`.
+/// and `per` floor rounds (the same calls made directly, watched through a userfaultfd context
+/// of the bench's own, as the library opens its own), one batch of each after the other: both
+/// see the machine in the same state, and the per-batch ratio does not drift with it. The
+/// cache's notifier runs on `backend`, `None`: `Notifier::new()`.
+///
+/// The floor's pages and the misses' pages are interleaved in one mapping ([`LANES`]): what
+/// `UFFDIO_REGISTER` costs depends on where the mapping lies among the process's others
+/// (`bench/register_placement.c`: the same calls on two mappings of one process differ by up to
+/// 2×, either way round), so a floor measured on a mapping of its own measured that mapping's
+/// place as much as the calls. The floor's three calls are timed as a batch, as the misses are, so the
+/// clock is read as often on both sides; the per-call parts (and `msync`, for `floor4`) come
+/// from a pass of their own, on pages of their own lane.
 fn miss_vs_floor(
     batches: usize,
     per: usize,
@@ -676,6 +684,11 @@ fn miss_vs_floor(
     what: Misser,
 ) -> Result<MissFloor, Box<dyn std::error::Error>> {
     const PROCMAP_QUERY: libc::c_ulong = 0xc068_6611; // _IOWR('f', 17, struct procmap_query)
+    /// Pages of the mapping per index `k`: the floor and the miss at `LANES * k` and `+ 4`
+    /// (which at which alternates every two batches), the per-call pass at `+ 2`; the odd
+    /// pages stay unwatched, so every registration splits one page out of its VMA, as a miss
+    /// on every other page does.
+    const LANES: usize = 6;
     #[repr(C)]
     #[derive(Default)]
     struct Query {
@@ -700,8 +713,32 @@ fn miss_vs_floor(
     // The library's events and WP_ASYNC, non-blocking: nobody reads its messages.
     let uffd = crate::floors::RawUffd::open(true)?;
     let maps = std::fs::File::open("/proc/self/maps")?;
-    let floor_arena = map(2 * n * pg, 0);
-    let miss_arena = map(2 * n * pg, 0);
+    let query = |at: usize| -> Result<(), Box<dyn std::error::Error>> {
+        let mut q = Query {
+            size: std::mem::size_of::<Query>() as u64,
+            flags: 0x10,
+            addr: at as u64,
+            ..Query::default()
+        };
+        // SAFETY: PROCMAP_QUERY reads and writes one struct (no name buffers asked for).
+        let rc = unsafe {
+            libc::ioctl(
+                std::os::fd::AsRawFd::as_raw_fd(&maps),
+                PROCMAP_QUERY,
+                &mut q,
+            )
+        };
+        if rc != 0 {
+            return Err(format!(
+                "PROCMAP_QUERY (Linux 6.11+): {}",
+                std::io::Error::last_os_error()
+            )
+            .into());
+        }
+        Ok(())
+    };
+    let arena = map(LANES * n * pg, 0);
+    let page_at = |lane: usize, k: usize| arena + (LANES * k + 2 * lane) * pg;
     let cache = Cache::with_notifier(
         match backend {
             Some(b) => Notifier::with_backend(b)?,
@@ -713,60 +750,36 @@ fn miss_vs_floor(
     let (mut misses_ns, mut f3, mut f4) = (Vec::new(), Vec::new(), Vec::new());
     let (mut calls, mut inside) = (Vec::new(), Vec::new());
     for b in 0..batches {
-        let (mut reg, mut sync, mut mask, mut query) = (0u128, 0u128, 0u128, 0u128);
-        for i in 0..per {
-            let at = floor_arena + 2 * (b * per + i) * pg;
-            let t = Instant::now();
-            let rc = uffd.register(at);
-            reg += t.elapsed().as_nanos();
-            rc?;
-            let t = Instant::now();
-            // SAFETY: msync with flags 0 only checks the range is mapped.
-            unsafe { libc::msync(at as *mut libc::c_void, pg, 0) };
-            sync += t.elapsed().as_nanos();
-            let t = Instant::now();
-            crate::floors::restore_signals(&crate::floors::block_signals());
-            mask += t.elapsed().as_nanos();
-            let mut q = Query {
-                size: std::mem::size_of::<Query>() as u64,
-                flags: 0x10,
-                addr: at as u64,
-                ..Query::default()
-            };
-            let t = Instant::now();
-            // SAFETY: PROCMAP_QUERY reads and writes one struct (no name buffers asked for).
-            let rc = unsafe {
-                libc::ioctl(
-                    std::os::fd::AsRawFd::as_raw_fd(&maps),
-                    PROCMAP_QUERY,
-                    &mut q,
-                )
-            };
-            query += t.elapsed().as_nanos();
-            if rc != 0 {
-                return Err(format!(
-                    "PROCMAP_QUERY (Linux 6.11+): {}",
-                    std::io::Error::last_os_error()
-                )
-                .into());
-            }
-        }
+        let ks = b * per..(b + 1) * per;
         let per_f = per as f64;
-        f3.push((reg + mask + query) as f64 / per_f);
-        f4.push((reg + sync + mask + query) as f64 / per_f);
-        calls.push([reg, mask, query].map(|ns| ns as f64 / per_f));
+        // Which side goes first alternates every batch, and which lane each takes every two,
+        // so neither always finds the other's pages split, nor always has the same lane.
+        let (floor_lane, miss_lane) = if b / 2 % 2 == 0 { (0, 2) } else { (2, 0) };
+        let floor_pass = || -> Result<f64, Box<dyn std::error::Error>> {
+            let t = Instant::now();
+            for k in ks.clone() {
+                let at = page_at(floor_lane, k);
+                uffd.register(at)?;
+                crate::floors::restore_signals(&crate::floors::block_signals());
+                query(at)?;
+            }
+            Ok(t.elapsed().as_nanos() as f64 / per_f)
+        };
+        let floor_first = b % 2 == 0;
+        if floor_first {
+            f3.push(floor_pass()?);
+        }
         let before = call_times();
         let t = Instant::now();
         match what {
             Misser::Cache => {
-                for i in 0..per {
-                    drop(cache.get(miss_arena + 2 * (b * per + i) * pg, pg)?);
+                for k in ks.clone() {
+                    drop(cache.get(page_at(miss_lane, k), pg)?);
                 }
             }
             Misser::Notifier => {
-                for i in 0..per {
-                    let k = b * per + i;
-                    let at = miss_arena + 2 * k * pg;
+                for k in ks.clone() {
+                    let at = page_at(miss_lane, k);
                     // Kept, as the cache keeps its regions; cookies without the cache's bit.
                     black_box(
                         cache
@@ -780,13 +793,38 @@ fn miss_vs_floor(
         if let (Some(before), Some(after)) = (before, call_times()) {
             inside.push([0, 1, 2].map(|i| (after[i] - before[i]) as f64 / per_f));
         }
+        if !floor_first {
+            f3.push(floor_pass()?);
+        }
+        // The parts, call by call, and msync (floor4), on the lane between.
+        let (mut reg, mut sync, mut mask, mut qry) = (0u128, 0u128, 0u128, 0u128);
+        for k in ks.clone() {
+            let at = page_at(1, k);
+            let t = Instant::now();
+            let rc = uffd.register(at);
+            reg += t.elapsed().as_nanos();
+            rc?;
+            let t = Instant::now();
+            // SAFETY: msync with flags 0 only checks the range is mapped.
+            unsafe { libc::msync(at as *mut libc::c_void, pg, 0) };
+            sync += t.elapsed().as_nanos();
+            let t = Instant::now();
+            crate::floors::restore_signals(&crate::floors::block_signals());
+            mask += t.elapsed().as_nanos();
+            let t = Instant::now();
+            let rc = query(at);
+            qry += t.elapsed().as_nanos();
+            rc?;
+        }
+        let last = *f3.last().expect("pushed above");
+        f4.push(last + sync as f64 / per_f);
+        calls.push([reg, mask, qry].map(|ns| ns as f64 / per_f));
     }
     drop(cache);
     // The context first: it asked for unmap events, and nobody reads them here, so a munmap of
     // pages it still watches would wait for a reader forever.
     drop(uffd);
-    unmap(floor_arena, 2 * n * pg);
-    unmap(miss_arena, 2 * n * pg);
+    unmap(arena, LANES * n * pg);
     let part = |v: &[[f64; 3]], i: usize| median(v.iter().map(|c| c[i]).collect());
     Ok(MissFloor {
         miss: median(misses_ns),
