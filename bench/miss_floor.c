@@ -41,15 +41,7 @@ static double mean(const uint64_t *v, int n) {
 
 int main(int argc, char **argv) {
   int n = argc > 1 ? atoi(argv[1]) : 2000;
-  int uffd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK);
-  struct uffdio_api api = {
-      .api = UFFD_API,
-      .features = UFFD_FEATURE_EVENT_UNMAP | UFFD_FEATURE_EVENT_REMOVE | UFFD_FEATURE_EVENT_REMAP,
-  };
-  if (uffd < 0 || ioctl(uffd, UFFDIO_API, &api)) {
-    perror("userfaultfd");
-    return 2;
-  }
+  int uffd = probe_uffd();
   char *p = mmap(NULL, 2 * (size_t)n * PG, PROT_READ | PROT_WRITE,
                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) {

@@ -1,14 +1,15 @@
 /*
  * Why `umn bench --miss` puts the floor's pages and the misses' pages in one mapping: the same
  * UFFDIO_REGISTER (a fresh page, every other page) costs a different amount on two mappings of
- * one process, by up to ~1.8x, and which one is dearer changes from process to process (where
+ * one process, by up to 2x, and which one is dearer changes from process to process (where
  * the kernel placed them among the others). A floor timed on a mapping of its own measures that
  * mapping's place as much as the calls.
  *
  *   separate: two mappings, A mapped first; the same calls on both, page by page in turn.
  *   lanes:    one mapping; lane 0 at pages 6k, lane 1 at pages 6k + 4 (the odd pages stay
  *             unwatched), 50 pages of one lane then 50 of the other, which goes first
- *             alternating: what `umn bench --miss` does with the floor and the miss.
+ *             alternating, as `umn bench --miss` places the floor and the miss (which also
+ *             swaps their lanes every two batches).
  *
  * Each lane has its own userfaultfd context, as the bench's floor and the library do.
  * usage: gcc -O2 -o /tmp/register_placement bench/register_placement.c && for i in 1 2 3 4 5 6;
@@ -17,19 +18,6 @@
 #include "probe.h"
 
 enum { BATCHES = 40, PER = 50, N = BATCHES * PER };
-
-static int open_uffd(void) {
-  int u = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK);
-  struct uffdio_api api = {
-      .api = UFFD_API,
-      .features = UFFD_FEATURE_EVENT_UNMAP | UFFD_FEATURE_EVENT_REMOVE | UFFD_FEATURE_EVENT_REMAP,
-  };
-  if (u < 0 || ioctl(u, UFFDIO_API, &api)) {
-    perror("userfaultfd");
-    exit(2);
-  }
-  return u;
-}
 
 static void *map(size_t len) {
   void *p = mmap(NULL, len, PROT_READ | PROT_WRITE,
@@ -41,24 +29,29 @@ static void *map(size_t len) {
   return p;
 }
 
-/* One UFFDIO_REGISTER of the page at `p`, ns. */
-static uint64_t watch(int uffd, char *p) {
+/* UFFDIO_REGISTER of the page at `p` (write-protect mode, as the library's watch). */
+static void watch(int uffd, char *p) {
   struct uffdio_register r = {.range = {(uint64_t)p, PG}, .mode = UFFDIO_REGISTER_MODE_WP};
-  uint64_t t = now();
   if (ioctl(uffd, UFFDIO_REGISTER, &r)) {
     perror("UFFDIO_REGISTER");
     exit(2);
   }
+}
+
+/* `watch`, timed: ns. */
+static uint64_t timed_watch(int uffd, char *p) {
+  uint64_t t = now();
+  watch(uffd, p);
   return now() - t;
 }
 
 int main(void) {
-  int u[2] = {open_uffd(), open_uffd()};
+  int u[2] = {probe_uffd(), probe_uffd()};
   char *a = map(2 * (size_t)N * PG), *b = map(2 * (size_t)N * PG);
   uint64_t sep[2] = {0, 0};
   for (int k = 0; k < N; k++) {
-    sep[0] += watch(u[0], a + 2 * (size_t)k * PG);
-    sep[1] += watch(u[1], b + 2 * (size_t)k * PG);
+    sep[0] += timed_watch(u[0], a + 2 * (size_t)k * PG);
+    sep[1] += timed_watch(u[1], b + 2 * (size_t)k * PG);
   }
   char *one = map(6 * (size_t)N * PG);
   uint64_t lane[2] = {0, 0};
@@ -66,15 +59,8 @@ int main(void) {
     for (int s = 0; s < 2; s++) {
       int l = bt % 2 == 0 ? s : 1 - s;
       uint64_t t = now();
-      for (int i = 0; i < PER; i++) {
-        struct uffdio_register r = {
-            .range = {(uint64_t)(one + (6 * (size_t)(bt * PER + i) + 4 * (size_t)l) * PG), PG},
-            .mode = UFFDIO_REGISTER_MODE_WP};
-        if (ioctl(u[l], UFFDIO_REGISTER, &r)) {
-          perror("UFFDIO_REGISTER");
-          return 2;
-        }
-      }
+      for (int i = 0; i < PER; i++)
+        watch(u[l], one + (6 * (size_t)(bt * PER + i) + 4 * (size_t)l) * PG);
       lane[l] += now() - t;
     }
   }

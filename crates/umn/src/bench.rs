@@ -674,9 +674,9 @@ struct MissFloor {
 /// `UFFDIO_REGISTER` costs depends on where the mapping lies among the process's others
 /// (`bench/register_placement.c`: the same calls on two mappings of one process differ by up to
 /// 2×, either way round), so a floor measured on a mapping of its own measured that mapping's
-/// place as much as the calls. The floor's three calls are timed as a batch, as the misses are, so the
-/// clock is read as often on both sides; the per-call parts (and `msync`, for `floor4`) come
-/// from a pass of their own, on pages of their own lane.
+/// place as much as the calls. The floor's three calls are timed as a batch, as the misses
+/// are, so the clock is read as often on both sides; the per-call parts (and `msync`, for
+/// `floor4`) come from a pass of their own, on pages of their own lane.
 fn miss_vs_floor(
     batches: usize,
     per: usize,
