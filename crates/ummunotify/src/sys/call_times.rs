@@ -2,8 +2,8 @@
 //!
 //! `umn bench --miss` built with the feature compares these with the same calls made back to
 //! back (its floor), to split a miss's time above its floor into "the same calls cost more
-//! inside the miss" and "the library's own work" (docs/DESIGNS.md, "Where the rest of the miss
-//! goes"). Without the feature `timed` is the bare call and nothing is counted.
+//! inside the miss" and "the library's own work" (docs/DESIGNS.md, "The miss against the kernel
+//! calls it makes"). Without the feature `timed` is the bare call and nothing is counted.
 
 /// A kernel call a miss on never-watched memory makes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
