@@ -163,7 +163,7 @@ fn empty_dl_info() -> libc::Dl_info {
 
 extern "C" fn preload_ctor() {
     let _ = catch_unwind(|| {
-        if !preloaded() || std::env::var(PRELOAD_ENV).is_ok_and(|v| v == "0") {
+        if !preloaded() || crate::import::env_var(PRELOAD_ENV).is_some_and(|v| v == "0") {
             return;
         }
         let code = ummunotify_fabric_import();
@@ -171,7 +171,7 @@ extern "C" fn preload_ctor() {
         let msg = unsafe { CStr::from_ptr(ummunotify_fabric_message()) }.to_string_lossy();
         if code != OK {
             eprintln!("ummunotify-fabric (LD_PRELOAD): not libfabric's monitor: {msg}");
-        } else if std::env::var(VERBOSE_ENV).is_ok_and(|v| v == "1") {
+        } else if crate::import::env_var(VERBOSE_ENV).is_some_and(|v| v == "1") {
             eprintln!("ummunotify-fabric (LD_PRELOAD): {msg}");
         }
     });

@@ -157,16 +157,28 @@ unsafe fn sym<F: Copy>(handle: *mut libc::c_void, name: &CStr) -> Option<F> {
 ///
 /// # Errors
 /// [`ImportError`]: libfabric absent, too old, busy (another monitor first), overridden by
+/// The environment variable `name`, unless the process runs in secure-execution mode
+/// (`AT_SECURE`: setuid, setgid, file capabilities), where none is read, as with glibc's
+/// `secure_getenv`: a user can not make a privileged program load another library
+/// ([`LIBRARY_ENV`]) or change its monitor (docs/SECURITY.md).
+pub(crate) fn env_var(name: &str) -> Option<String> {
+    // SAFETY: getauxval has no preconditions.
+    if unsafe { libc::getauxval(libc::AT_SECURE) } != 0 {
+        return None;
+    }
+    std::env::var(name).ok()
+}
+
 /// `FI_MR_CACHE_MONITOR`, or another refusal.
 pub fn import() -> Result<Imported, ImportError> {
     let mut global = GLOBAL.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(g) = &*global {
         return Ok(Imported::Already { version: g.version });
     }
-    if let Ok(value) = std::env::var("FI_MR_CACHE_MONITOR") {
+    if let Some(value) = env_var("FI_MR_CACHE_MONITOR") {
         return Err(ImportError::Overridden { value });
     }
-    let path = std::env::var(LIBRARY_ENV).unwrap_or_else(|_| "libfabric.so.1".into());
+    let path = env_var(LIBRARY_ENV).unwrap_or_else(|| "libfabric.so.1".into());
     let cpath = CString::new(path.clone()).map_err(|_| ImportError::Absent(path.clone()))?;
     // SAFETY: a NUL-terminated name. The handle is never closed: libfabric keeps our monitor.
     let handle = unsafe { libc::dlopen(cpath.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };

@@ -363,8 +363,7 @@ impl Monitor {
     /// (or the caller) sets it. No notifier exists until `start`. At most
     /// [`DEFAULT_MAX_SUBSCRIPTIONS`] subscriptions (or `UMMUNOTIFY_FABRIC_MAX_SUBSCRIPTIONS`).
     pub fn new() -> Monitor {
-        let limit = std::env::var(MAX_SUBSCRIPTIONS_ENV)
-            .ok()
+        let limit = crate::import::env_var(MAX_SUBSCRIPTIONS_ENV)
             .and_then(|v| v.parse().ok())
             .unwrap_or(DEFAULT_MAX_SUBSCRIPTIONS);
         Monitor::with_max_subscriptions(limit)

@@ -175,10 +175,12 @@ impl Backend {
     /// # Errors
     /// [`Unsupported::UnknownBackend`](crate::Unsupported::UnknownBackend) for any other value.
     pub fn from_env() -> Result<Backend, crate::Unsupported> {
-        match std::env::var(BACKEND_ENV) {
-            Err(std::env::VarError::NotPresent) => Ok(Backend::Auto),
-            Ok(v) => Backend::from_name(&v).ok_or(crate::Unsupported::UnknownBackend { value: v }),
-            Err(std::env::VarError::NotUnicode(v)) => Err(crate::Unsupported::UnknownBackend {
+        match crate::sys::env_var(BACKEND_ENV).map(|v| v.into_string()) {
+            None => Ok(Backend::Auto),
+            Some(Ok(v)) => {
+                Backend::from_name(&v).ok_or(crate::Unsupported::UnknownBackend { value: v })
+            }
+            Some(Err(v)) => Err(crate::Unsupported::UnknownBackend {
                 value: v.to_string_lossy().into_owned(),
             }),
         }
