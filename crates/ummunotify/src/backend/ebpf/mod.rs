@@ -293,18 +293,11 @@ extern "C" fn fork_child() {
             continue;
         }
         // SAFETY: [base, base+len) is an area mapping of this (forked) process; replacing it
-        // with private memory detaches the child from the parent's area. mmap and plain
-        // stores are async-signal-safe.
+        // with private memory detaches the child from the parent's area. A raw mmap syscall
+        // (never the `mmap` symbol, which a preload may interpose with locks) and plain stores
+        // are async-signal-safe.
         unsafe {
-            let p = libc::mmap(
-                base as *mut libc::c_void,
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
-                -1,
-                0,
-            );
-            if p != libc::MAP_FAILED {
+            if crate::sys::raw_anon_fixed(base, len) {
                 // Words can never reach u64::MAX: no ticket matches.
                 let w = (base + OFF_WORDS) as *mut u64;
                 for i in 0..SLOTS {
