@@ -60,6 +60,7 @@
 
 mod abi;
 mod device;
+mod fork;
 mod mapping;
 mod real;
 mod table;
