@@ -286,7 +286,10 @@ unsafe impl Sync for Area {}
 static FORK_AREAS: [(AtomicUsize, AtomicUsize); 64] =
     [const { (AtomicUsize::new(0), AtomicUsize::new(0)) }; 64];
 
+static ATFORK: crate::fork::AtforkOnce = crate::fork::AtforkOnce::new();
+
 extern "C" fn fork_child() {
+    ATFORK.registered_in_child();
     for (b, l) in &FORK_AREAS {
         let (base, len) = (b.load(SeqCst), l.load(SeqCst));
         if base == 0 {
@@ -387,11 +390,7 @@ impl Area {
         let base = crate::sys::mmap_shared(map.as_fd(), len)
             .map_err(|e| ctx("mmap(area)", e))?
             .as_ptr();
-        static ATFORK: std::sync::Once = std::sync::Once::new();
-        ATFORK.call_once(|| {
-            // SAFETY: registers a handler that lives for the process.
-            unsafe { libc::pthread_atfork(None, None, Some(fork_child)) };
-        });
+        ATFORK.register(None, None, Some(fork_child));
         let fork_slot = FORK_AREAS
             .iter()
             .position(|(b, _)| b.compare_exchange(0, base as usize, SeqCst, SeqCst).is_ok())
