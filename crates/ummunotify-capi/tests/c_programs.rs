@@ -129,6 +129,28 @@ fn c_fork() {
     check_program("fork");
 }
 
+/// Fork from a busy multithreaded program (tests/c/fork_busy.c, guarantee 6, issue 40): three
+/// threads register, unmap, read and unregister while the main thread forks; every child must
+/// exit within `UMN_FORK_DEADLINE_SECS` (default 20), find its inherited notifier `FORKED`, and
+/// every 16th starts a notifier of its own. Linked to the shared library, on every backend (root
+/// for perf and ebpf; one that can not start here is a loud skip). `UMN_FORK_SECS` (default 3)
+/// and `UMN_FORK_COUNT` (default 2000) bound each run; on ebpf no child starts a notifier of its
+/// own unless `UMN_FORK_OWN_EVERY` says so (loading the programs takes seconds per child).
+#[test]
+fn c_fork_from_busy_threads() {
+    let exe = compile("fork_busy", Link::Shared);
+    let own_ebpf = std::env::var("UMN_FORK_OWN_EVERY").unwrap_or_else(|_| "0".into());
+    for backend in ["auto", "hybrid", "hooks", "perf", "ebpf"] {
+        let mut env = vec![("UMN_BACKEND", backend)];
+        if backend == "ebpf" {
+            env.push(("UMN_FORK_OWN_EVERY", &own_ebpf));
+        }
+        if !cprog::run(&exe, 900, &env) && backend == "auto" {
+            return; // skipped: no userfaultfd here
+        }
+    }
+}
+
 #[test]
 fn c_cache() {
     check_program("cache");

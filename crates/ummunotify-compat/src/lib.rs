@@ -24,7 +24,32 @@
 //! Fork: in the child every read/ioctl returns `EIO` (as kdreg2 does: reopen in the child);
 //! counter views the program mapped read `0xC000000000000000`, which never equals a LAST value,
 //! and a new `mmap` of the device in the child maps such a page too. A new `open` in the child
-//! works. Exec: the descriptor is always close-on-exec (the 2010 device survived exec but was
+//! works (on `UMN_BACKEND=perf` it fails with `ENODEV`: that backend does not start in a forked
+//! child). `fork` itself never waits on anything another thread of the parent may hold
+//! (guarantee 6), however busy the parent's threads were (`src/fork.rs`):
+//! - this library's `pthread_atfork` child handler is registered when the library is loaded
+//!   (`.init_array`), before `main` and any thread; the core library's handlers are registered
+//!   without a `Once` (a child forked mid-registration registers by itself instead of waiting);
+//! - every child handler (this library's and the core's: counter pages, userfaultfd context,
+//!   hooks sink table, perf, eBPF areas) only stores to atomics and makes raw syscalls
+//!   (`syscall(SYS_mmap, ...)`), never a function this library interposes: the interposed
+//!   `mmap` announces the new range to every device under a notifier's registry lock, which a
+//!   parent's thread may have held at fork time (before this rule the child hung inside
+//!   `fork()` at its first handler);
+//! - the descriptor table's per-slot reader counts are zeroed in the child (a parent thread that
+//!   was mid-lookup left a count that would never drop, and the child's `close` waited for it);
+//!   the references those threads held are leaked in the child, never dropped;
+//! - no lock is carried across fork, with one exception: the hooks backend's prepare handler
+//!   takes its page filter's lock (so the child never inherits the filter half-updated) and its
+//!   parent and child handlers release it; the filter's holders only update a table and
+//!   allocate, which can not wait on the forking thread (glibc runs prepare handlers before it
+//!   takes the allocator's locks).
+//!
+//! In the child, the inherited device's notifier reports `Forked` before taking any lock, so
+//! calls on the inherited descriptor (and the announcement every interposed mapping call makes)
+//! return at once. Tested by `tests/c/fork2010.c` (three threads mapping, registering over a
+//! hole, unmapping, reading and unregistering while the main thread forks; every child must
+//! exit within a deadline) on every backend. Exec: the descriptor is always close-on-exec (the 2010 device survived exec but was
 //! tied to the old address space, so it was inert). Threads: the interposed paths take no lock of
 //! their own; descriptor lookups are lock-free (see `src/table.rs`).
 //!
@@ -60,6 +85,7 @@
 
 mod abi;
 mod device;
+mod fork;
 mod mapping;
 mod real;
 mod table;

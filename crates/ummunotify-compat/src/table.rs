@@ -4,6 +4,12 @@
 //! notifier's own monitor thread reading its userfaultfd, so a lookup of a non-device fd is one
 //! atomic load and never takes a lock or allocates. A device lookup pins the entry with a
 //! per-slot reader count so `close` on another thread can not free it mid-lookup.
+//!
+//! Fork: a thread of the parent that was between its reader count's increment and decrement
+//! when another thread forked does not exist in the child, so the child would inherit a count
+//! that never drops and spin for ever in its first `close` (or `dup2`, `close_range`, `open`)
+//! of that number. [`reset_readers_in_child`] (the crate's `pthread_atfork` child handler)
+//! zeroes every count: the child's one thread is inside `fork`, not inside a lookup.
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 
@@ -123,6 +129,16 @@ fn finish(s: &Slot, old: *mut Device) -> Option<Arc<Device>> {
     // SAFETY: `old` came from `Arc::into_raw` in `set` and the table no longer holds it; no
     // reader is between its load and its increment.
     Some(unsafe { Arc::from_raw(old) })
+}
+
+/// In a forked child (`pthread_atfork` child handler; atomics only, async-signal-safe): no
+/// lookup is in progress in the child's one thread, so every reader count is zeroed. The
+/// references taken by parent threads that were mid-lookup are leaked in the child, never
+/// dropped (a child's device is never freed through them).
+pub(crate) fn reset_readers_in_child() {
+    for s in &TABLE[..HIGH.load(SeqCst).min(MAX_FDS)] {
+        s.readers.store(0, SeqCst);
+    }
 }
 
 /// Drops every entry whose descriptor number no longer names its device's file (a raw

@@ -6,11 +6,11 @@
 //! only, by a private page that reads [`FORKED_COUNTER`](crate::abi::FORKED_COUNTER), which never
 //! equals a LAST counter. Views are forgotten when the program unmaps them with `munmap` (which
 //! this library interposes); the handler also checks, through `/proc/self/map_files`, that the
-//! address still maps a memfd before replacing it. The table is a fixed array of atomics: the
-//! handler neither allocates nor locks.
+//! address still maps a memfd before replacing it. The table is a fixed array of atomics, and
+//! the handler makes raw syscalls (`mmap`, `mprotect`, `readlink`), never the symbols this
+//! library interposes: it neither allocates nor locks.
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
-use std::sync::Once;
 
 use crate::abi::FORKED_COUNTER;
 
@@ -19,7 +19,6 @@ const MAX_VIEWS: usize = 256;
 /// Start addresses of the views; each is exactly one page (`mmap` of a device maps at most one).
 static VIEWS: [AtomicUsize; MAX_VIEWS] = [const { AtomicUsize::new(0) }; MAX_VIEWS];
 static COUNT: AtomicUsize = AtomicUsize::new(0);
-static INSTALL: Once = Once::new();
 
 fn page() -> usize {
     // SAFETY: sysconf has no preconditions.
@@ -29,10 +28,6 @@ fn page() -> usize {
 /// Remembers the one-page view at `addr`. A view beyond the table's capacity is not poisoned in
 /// a child (documented limit: 256 live views).
 pub(crate) fn record(addr: usize) {
-    INSTALL.call_once(|| {
-        // SAFETY: registers a handler with no preconditions, for the life of the process.
-        unsafe { libc::pthread_atfork(None, None, Some(in_child)) };
-    });
     for v in &VIEWS {
         if v.compare_exchange(0, addr, SeqCst, SeqCst).is_ok() {
             COUNT.fetch_add(1, SeqCst);
@@ -135,7 +130,9 @@ fn hex(buf: &mut [u8], mut i: usize, v: usize) -> usize {
     i
 }
 
-extern "C" fn in_child() {
+/// Replaces every recorded view (called by the crate's `pthread_atfork` child handler,
+/// `crate::fork`): raw syscalls and atomics only.
+pub(crate) fn poison_in_child() {
     let len = page();
     for v in &VIEWS {
         let addr = v.load(SeqCst);

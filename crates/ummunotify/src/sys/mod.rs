@@ -217,31 +217,46 @@ impl Drop for CounterPage {
 /// In a forked child: replace the shared counter page at `addr` by a private page whose counter
 /// reads `value`, so the child's checks fail without touching the parent's counter.
 ///
-/// Async-signal-safe (mmap and a store); called from the `pthread_atfork` child handler.
+/// Async-signal-safe (a raw `mmap` syscall and a store); called from the `pthread_atfork` child
+/// handler. The syscall is raw on purpose: the `mmap` symbol may be interposed (the 2010
+/// preload's `mmap` announces the new range to every device, which takes a notifier's registry
+/// lock a parent's thread may have held at fork time) or patched (the hooks backend), and a
+/// child handler must reach neither.
 ///
 /// # Safety
 /// `addr` must be the address of a live `CounterPage` of this process (inherited from the parent).
 pub(crate) unsafe fn poison_counter_page_in_child(addr: usize, value: u64) {
-    let len = page_size();
     // SAFETY: (caller) `addr` is our counter page; replacing it with a private anonymous page of
     // the same size keeps the address valid for every reference to it.
-    let p = unsafe {
-        libc::mmap(
-            addr as *mut libc::c_void,
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
-            -1,
-            0,
-        )
-    };
-    if p != libc::MAP_FAILED {
+    if unsafe { raw_anon_fixed(addr, page_size()) } {
         // SAFETY: the page was just mapped read-write at `addr`, which is 8-byte aligned.
         unsafe {
             (*(addr as *const std::sync::atomic::AtomicU64))
                 .store(value, std::sync::atomic::Ordering::SeqCst)
         };
     }
+}
+
+/// Replaces `[addr, addr + len)` by fresh private anonymous read-write memory with a raw
+/// `mmap` syscall (`MAP_FIXED`), never through the `mmap` symbol: for `pthread_atfork` child
+/// handlers (see [`poison_counter_page_in_child`]). Async-signal-safe; true on success.
+///
+/// # Safety
+/// The range must be memory of this process that nothing will use as what it was before.
+pub(crate) unsafe fn raw_anon_fixed(addr: usize, len: usize) -> bool {
+    // SAFETY: (caller) the range may be replaced; the kernel validates the arguments.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_mmap,
+            addr,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+            -1 as libc::c_long,
+            0 as libc::c_long,
+        )
+    };
+    r as usize == addr
 }
 
 /// Blocks every signal in the calling thread until dropped, then restores the old mask.

@@ -286,25 +286,21 @@ unsafe impl Sync for Area {}
 static FORK_AREAS: [(AtomicUsize, AtomicUsize); 64] =
     [const { (AtomicUsize::new(0), AtomicUsize::new(0)) }; 64];
 
+static ATFORK: crate::fork::AtforkOnce = crate::fork::AtforkOnce::new();
+
 extern "C" fn fork_child() {
+    ATFORK.registered_in_child();
     for (b, l) in &FORK_AREAS {
         let (base, len) = (b.load(SeqCst), l.load(SeqCst));
         if base == 0 {
             continue;
         }
         // SAFETY: [base, base+len) is an area mapping of this (forked) process; replacing it
-        // with private memory detaches the child from the parent's area. mmap and plain
-        // stores are async-signal-safe.
+        // with private memory detaches the child from the parent's area. A raw mmap syscall
+        // (never the `mmap` symbol, which a preload may interpose with locks) and plain stores
+        // are async-signal-safe.
         unsafe {
-            let p = libc::mmap(
-                base as *mut libc::c_void,
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
-                -1,
-                0,
-            );
-            if p != libc::MAP_FAILED {
+            if crate::sys::raw_anon_fixed(base, len) {
                 // Words can never reach u64::MAX: no ticket matches.
                 let w = (base + OFF_WORDS) as *mut u64;
                 for i in 0..SLOTS {
@@ -394,11 +390,7 @@ impl Area {
         let base = crate::sys::mmap_shared(map.as_fd(), len)
             .map_err(|e| ctx("mmap(area)", e))?
             .as_ptr();
-        static ATFORK: std::sync::Once = std::sync::Once::new();
-        ATFORK.call_once(|| {
-            // SAFETY: registers a handler that lives for the process.
-            unsafe { libc::pthread_atfork(None, None, Some(fork_child)) };
-        });
+        ATFORK.register(None, None, Some(fork_child));
         let fork_slot = FORK_AREAS
             .iter()
             .position(|(b, _)| b.compare_exchange(0, base as usize, SeqCst, SeqCst).is_ok())

@@ -257,7 +257,10 @@ extern "C" fn fork_parent() {
     filter::fork_release();
 }
 
+static ATFORK: crate::fork::AtforkOnce = crate::fork::AtforkOnce::new();
+
 extern "C" fn fork_child() {
+    ATFORK.registered_in_child();
     SINKS.clear_in_child();
     filter::fork_release();
 }
@@ -266,11 +269,7 @@ extern "C" fn fork_child() {
 /// (so the child never inherits either half done), parent and child release it, and the child
 /// also empties the sink table. All async-signal-safe: atomics only.
 pub(crate) fn guard_fork() {
-    static ATFORK: std::sync::Once = std::sync::Once::new();
-    ATFORK.call_once(|| {
-        // SAFETY: registers handlers with no preconditions that live for the whole process.
-        unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
-    });
+    ATFORK.register(Some(fork_prepare), Some(fork_parent), Some(fork_child));
 }
 
 /// Set while [`install_now`] runs.

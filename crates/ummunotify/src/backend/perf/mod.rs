@@ -94,7 +94,7 @@ use std::sync::atomic::{
     AtomicBool, AtomicU32, AtomicU64,
     Ordering::{Acquire, Relaxed, Release},
 };
-use std::sync::{Mutex, Once};
+use std::sync::Mutex;
 
 use decode::{Ids, Record, Syscall, MAX_RECORD};
 
@@ -276,9 +276,10 @@ pub(crate) struct Perf {
 /// Set in a forked child (`pthread_atfork`): the rings are not mapped there (`MADV_DONTFORK`)
 /// and the parent's records are not the child's.
 static FORKED: AtomicBool = AtomicBool::new(false);
-static ATFORK: Once = Once::new();
+static ATFORK: crate::fork::AtforkOnce = crate::fork::AtforkOnce::new();
 
 extern "C" fn in_child() {
+    ATFORK.registered_in_child();
     FORKED.store(true, Relaxed);
 }
 
@@ -335,10 +336,7 @@ impl Perf {
     /// Opens the events for every thread of the process on every online CPU and maps one ring
     /// per CPU. Refuses (naming what is missing) rather than start with a gap.
     pub(crate) fn open() -> Result<Perf, crate::Unsupported> {
-        ATFORK.call_once(|| {
-            // SAFETY: registers a handler with no preconditions that lives for the process.
-            unsafe { libc::pthread_atfork(None, None, Some(in_child)) };
-        });
+        ATFORK.register(None, None, Some(in_child));
         let ids = tracepoint_ids()?;
         let cpus = sys::online_cpus().map_err(|e| missing(format!("online CPUs: {e}")))?;
         let mut fds: Vec<OwnedFd> = Vec::new();

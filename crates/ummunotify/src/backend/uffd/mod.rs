@@ -10,7 +10,7 @@ use std::mem::ManuallyDrop;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
 use std::sync::atomic::{AtomicBool, AtomicUsize};
-use std::sync::{Arc, Mutex, MutexGuard, Once, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use super::table::{Place, SinkTable};
 use super::{BackendReport, Delivery, Invalidation, Watcher};
@@ -228,7 +228,10 @@ impl Current {
     }
 }
 
+static ATFORK: crate::fork::AtforkOnce = crate::fork::AtforkOnce::new();
+
 extern "C" fn forget_context_in_child() {
+    ATFORK.registered_in_child();
     // SAFETY: the only thread of the child. The parent's weak reference is leaked, not dropped
     // (dropping may free, and a parent's thread may have held the allocator's lock).
     unsafe { std::ptr::write(CURRENT.ctx.get(), None) };
@@ -238,11 +241,7 @@ extern "C" fn forget_context_in_child() {
 impl Context {
     /// The process's context: the current one, or a new one opened now.
     pub(crate) fn shared() -> Result<Arc<Context>, Unsupported> {
-        static ATFORK: Once = Once::new();
-        ATFORK.call_once(|| {
-            // SAFETY: registers a handler with no preconditions that lives for the process.
-            unsafe { libc::pthread_atfork(None, None, Some(forget_context_in_child)) };
-        });
+        ATFORK.register(None, None, Some(forget_context_in_child));
         let pid = getpid();
         let live = |w: &Option<Weak<Context>>| {
             w.as_ref()
