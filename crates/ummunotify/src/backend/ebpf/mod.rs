@@ -4,7 +4,7 @@
 //!
 //! # Mechanism
 //! Programs (`prog.rs`) on `syscalls:sys_enter_{munmap, mremap, madvise, brk, mmap, shmdt,
-//! shmat, process_madvise, remap_file_pages}` compute from the arguments the range the call
+//! shmat, process_madvise, remap_file_pages}` (and three for identity, below) compute from the arguments the range the call
 //! will change (madvise only for advice that drops frames, mmap only with `MAP_FIXED`, shmat
 //! only with `SHM_REMAP`), find the caller's *area* by its tgid (`procs`, a hash of maps), and
 //! bump the word of every registered range that overlaps, plus the area's counter. The area
@@ -48,12 +48,38 @@
 //! have another tgid, so their calls never touch the parent's area; a `pthread_atfork` child
 //! handler replaces every area mapping with private memory whose words can match no ticket.
 //!
+//! # Identity: an area belongs to a program, not to a pid (issue 40)
+//! A tgid outlives the program that asked (`exec`, a setuid one too) and is reused after it
+//! exits, while the connection and the area fd may be kept by a forked helper. So a private
+//! map `state[tgid] = {nonce, flags}` (never given to clients) says whose area `procs[tgid]`
+//! is. The daemon creates the area with a random nonce, not armed, and sends the nonce with the
+//! fd; the client *arms* it from its own process ([`Area::connect`]: `prctl(0x554d4e31,
+//! nonce)`, an option no kernel defines, `EINVAL`): a program on `sys_enter_prctl` sets ARMED
+//! only for the tgid holding that nonce and not GONE, and writes the tgid into the area's
+//! `armed` word, which the client checks. Programs on `sched_process_exec` and
+//! `sched_process_exit` (the group leader's) set GONE and mark an armed area dead (the `dead`
+//! word, every word and the counter bumped: every check fails, registration is refused). The
+//! watched-call programs write into an area only while it is ARMED and not GONE. Hence no
+//! event of another program ever reaches an area: not after exec (GONE), not from a process
+//! that reuses the pid (GONE, or an area it never armed), not from a hello whose sender exec'd
+//! before arming (never armed). The daemon replaces a gone or never-armed area on a new hello
+//! for that pid, refuses (`EEXIST`) an armed live one, removes an area only with its nonce (a
+//! stale connection never removes its successor's), and sweeps gone ones on each connection
+//! ([`Programs::gone`]). Programs only set flags: the verifier lets them look up, not change,
+//! a hash of maps, so entries are deleted by the daemon.
+//!
+//! Limits: a process whose main thread exits before its other threads loses its area (every
+//! check fails, registration errors); the programs see the initial pid namespace's ids, so a
+//! daemon in another pid namespace refuses to start ([`Programs::check_pid_namespace`]);
+//! clients in containers are fine (`SO_PEERCRED` gives the daemon host pids).
+//!
 //! # Privilege: loading needs root, using does not
 //! [`Programs::load`] needs `CAP_BPF`+`CAP_PERFMON` (root): it creates the maps, loads and
 //! attaches the programs (one perf event per tracepoint, `pid = -1`). A root process can use
 //! them itself ([`Area::open_local`]); `umn daemon` loads them once per node and hands each
-//! connecting process its area's fd over a Unix socket (`SCM_RIGHTS`, [`Daemon`],
-//! [`Area::connect`]); `bpf(BPF_MAP_*)` and `mmap` on an fd one holds need no privilege.
+//! connecting process its area's fd and nonce over a Unix socket (`SCM_RIGHTS`, [`Daemon`],
+//! [`Area::connect`], reply `ok <layout> <slots> <nonce: 16 hex digits>`); `mmap` on an fd one
+//! holds and the arming `prctl` need no privilege.
 //!
 //! # What it misses (shown as missed by `umn coverage --backend ebpf`)
 //! Calls that do not go through these syscall entries: ia32 `int $0x80`, io_uring
@@ -949,7 +975,8 @@ fn peer_pid(s: &UnixStream) -> io::Result<u32> {
 }
 
 impl Daemon {
-    /// Loads the programs (root).
+    /// Loads the programs (root) and checks that they see this process's pid
+    /// ([`Programs::check_pid_namespace`]).
     pub fn new() -> io::Result<Daemon> {
         let programs = Programs::load()?;
         programs.check_pid_namespace()?;
@@ -978,7 +1005,9 @@ impl Daemon {
     }
 
     /// Serves connections on `listener` until it fails: each process gets its own area (keyed
-    /// by the pid `SO_PEERCRED` reports, one per process), dropped when it disconnects.
+    /// by the pid `SO_PEERCRED` reports, one per process, with a nonce it arms the area with),
+    /// dropped when it disconnects; areas whose process exec'd or exited are swept on each
+    /// connection.
     pub fn serve(&self, listener: UnixListener) -> io::Result<()> {
         for conn in listener.incoming() {
             let conn = conn?;
