@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 
-use ummunotify::ebpf::{Area, Daemon, SLOTS};
+use ummunotify::ebpf::{Area, Daemon, Programs, SLOTS};
 
 const PAGE: usize = 4096;
 const ROLE: &str = "UMN_IDENTITY_ROLE";
@@ -197,6 +197,106 @@ fn the_leaders_exit_marks_the_area_dead() {
         text.contains("leader: area dead"),
         "after the leader thread exits every check must fail:\n{text}"
     );
+}
+
+#[test]
+fn the_daemon_refuses_to_run_in_another_pid_namespace() {
+    let Some(s) = serve("pid_namespace") else {
+        return;
+    };
+    if !Path::new("/usr/bin/unshare").exists() {
+        ummunotify_testkit::require::skip_or_fail("pid_namespace", "/usr/bin/unshare");
+        return;
+    }
+    let out = Command::new("/usr/bin/unshare")
+        .args(["--pid", "--fork"])
+        .arg(&s.exe)
+        .args([
+            "--exact",
+            "role_ns_daemon",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(ROLE, "role_ns_daemon")
+        .output()
+        .expect("unshare");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("ns daemon: refused:")
+            && text.contains("pid namespace other than the host's"),
+        "a daemon in its own pid namespace must refuse to start, saying why:\n{text}"
+    );
+}
+
+/// Root, in a new pid namespace: `Daemon::new` must refuse.
+#[test]
+fn role_ns_daemon() {
+    if std::env::var(ROLE).ok().as_deref() != Some("role_ns_daemon") {
+        return;
+    }
+    match Daemon::new() {
+        Ok(_) => println!("ns daemon: started (pid {})", std::process::id()),
+        Err(e) => println!("ns daemon: refused: {e}"),
+    }
+}
+
+#[test]
+fn an_area_is_replaced_only_when_gone_or_unarmed_and_removed_only_with_its_nonce() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        ummunotify_testkit::require::skip_or_fail("programs_api", "root to load the programs");
+        return;
+    }
+    let p = match Programs::load() {
+        Ok(p) => p,
+        Err(e) => {
+            ummunotify_testkit::require::skip_or_fail("programs_api", &format!("{e}"));
+            return;
+        }
+    };
+    let me = std::process::id();
+    let _a1 = p.new_area(me, 1).expect("a first area");
+    let _a2 = p
+        .new_area(me, 2)
+        .expect("a never-armed area is replaced by a new hello");
+    assert!(p.remove(me, 1).is_err(), "a stale nonce removes nothing");
+    assert!(p.has_area(me));
+    // Arm it as a client does.
+    // SAFETY: an option no kernel defines: EINVAL, nothing changes.
+    unsafe { libc::syscall(libc::SYS_prctl, 0x554d_4e31u64, 2u64, 0, 0, 0) };
+    let e = p.new_area(me, 3).expect_err("an armed live area is kept");
+    assert_eq!(e.kind(), std::io::ErrorKind::AlreadyExists, "{e}");
+    p.remove(me, 2).expect("removed with its nonce");
+    assert!(!p.has_area(me));
+    // A process that exits is gone: listed, and its pid's area replaceable.
+    let mut child = Command::new("/bin/sh")
+        .args(["-c", "echo up; read x"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    // Past its exec (which would mark an area created before it gone).
+    let mut up = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut up)
+        .unwrap();
+    assert_eq!(up, "up\n");
+    let _c = p.new_area(pid, 7).expect("an area for the child");
+    assert!(!p.gone().contains(&(pid, 7)));
+    drop(child.stdin.take());
+    child.wait().unwrap();
+    assert!(
+        p.gone().contains(&(pid, 7)),
+        "the exited child's area is gone"
+    );
+    let _c2 = p.new_area(pid, 8).expect("a gone area is replaced");
+    assert!(!p.gone().contains(&(pid, 8)));
+    p.remove(pid, 8).unwrap();
 }
 
 // ---- the roles, run as nobody ----
