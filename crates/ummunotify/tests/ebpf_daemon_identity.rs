@@ -30,6 +30,7 @@ const OFF_GEN: usize = 0;
 const OFF_COUNT: usize = 8;
 const OFF_LO: usize = 16;
 const OFF_HI: usize = 24;
+const OFF_BRK: usize = 32;
 const OFF_DEAD: usize = 56;
 const OFF_RANGES: usize = 64;
 const OFF_WORDS: usize = OFF_RANGES + 16 * SLOTS;
@@ -453,6 +454,9 @@ fn fork_helper(ready_w: RawFd, wait_fd: RawFd, close: &[RawFd]) -> libc::pid_t {
                     v /= 10;
                 }
                 say(&s);
+                if before[OFF_BRK / 8] != after[OFF_BRK / 8] {
+                    say(b"helper: the brk word changed: the victim's break leaked\n");
+                }
             }
         }
         libc::_exit(0);
