@@ -122,6 +122,8 @@ fn an_area_sees_nothing_of_a_process_that_reuses_its_pid() {
         .stderr(Stdio::inherit())
         .spawn()
         .expect("run the client as nobody");
+    // Held until the helper may compare (Child::wait would close it).
+    let mut go = child.stdin.take().unwrap();
     let mut out = BufReader::new(child.stdout.take().unwrap());
     let mut text = String::new();
     let mut pid = 0;
@@ -166,7 +168,9 @@ fn an_area_sees_nothing_of_a_process_that_reuses_its_pid() {
             break;
         }
     }
-    drop(child.stdin.take()); // the helper compares now
+    // The helper compares now.
+    go.write_all(b"g").unwrap();
+    drop(go);
     out.read_to_string(&mut text).unwrap();
     assert!(
         landed,
@@ -401,8 +405,8 @@ fn first_leak(before: &[u64], after: &[u64]) -> Option<usize> {
 }
 
 /// Forks the attacker's helper: it maps the raw area fd, snapshots it, writes to `ready_w`,
-/// waits for EOF on `wait_fd`, and reports whether anything changed. Buffers are allocated
-/// before the fork; the child makes syscalls only.
+/// waits for EOF on `wait_fd` (stdin: after at least one byte), and reports whether anything
+/// changed. Buffers are allocated before the fork; the child makes syscalls only.
 fn fork_helper(ready_w: RawFd, wait_fd: RawFd, close: &[RawFd]) -> libc::pid_t {
     let (fd, len) = find_area_fd();
     let mut before = vec![0u64; len / 8];
@@ -435,11 +439,17 @@ fn fork_helper(ready_w: RawFd, wait_fd: RawFd, close: &[RawFd]) -> libc::pid_t {
         }
         libc::write(ready_w, ready.as_ptr().cast(), ready.len());
         let mut buf = [0u8; 16];
+        let mut got = 0;
         loop {
             let n = libc::read(wait_fd, buf.as_mut_ptr().cast(), buf.len());
             if n == 0 || (n < 0 && *libc::__errno_location() != libc::EINTR) {
                 break;
             }
+            got += n.max(0);
+        }
+        if wait_fd == 0 && got == 0 {
+            say(b"helper: stdin closed without the go byte\n");
+            libc::_exit(1);
         }
         for (i, a) in after.iter_mut().enumerate() {
             *a = p.add(i).read_volatile();
