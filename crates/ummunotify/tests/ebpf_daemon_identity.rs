@@ -32,7 +32,7 @@ const OFF_LO: usize = 16;
 const OFF_HI: usize = 24;
 const OFF_BRK: usize = 32;
 const OFF_DEAD: usize = 56;
-const OFF_RANGES: usize = 64;
+const OFF_RANGES: usize = 128;
 const OFF_WORDS: usize = OFF_RANGES + 16 * SLOTS;
 
 // ---- root side ----

@@ -66,7 +66,10 @@
 //! for that pid, refuses (`EEXIST`) an armed live one, removes an area only with its nonce (a
 //! stale connection never removes its successor's), and sweeps gone ones on each connection
 //! ([`Programs::gone`]). Programs only set flags: the verifier lets them look up, not change,
-//! a hash of maps, so entries are deleted by the daemon.
+//! a hash of maps, so entries are deleted by the daemon. The area holds its nonce too, and
+//! every program writes only when the area's nonce is the state's: a replacement racing a
+//! program between its two lookups (a preallocated hash reuses a deleted element at once)
+//! never pairs one program's area with another's state.
 //!
 //! Limits: a process whose main thread exits before its other threads loses its area (every
 //! check fails, registration errors); the programs see the initial pid namespace's ids, so a
@@ -311,6 +314,7 @@ impl Programs {
         let mut init = vec![0u8; AREA_SIZE];
         init[OFF_LO..OFF_LO + 8].copy_from_slice(&u64::MAX.to_ne_bytes());
         init[OFF_LAYOUT..OFF_LAYOUT + 8].copy_from_slice(&LAYOUT_VERSION.to_ne_bytes());
+        init[OFF_NONCE..OFF_NONCE + 8].copy_from_slice(&nonce.to_ne_bytes());
         sys::map_update(map.as_fd(), &0u32.to_ne_bytes(), &init, 0)
             .map_err(|e| ctx("bpf(BPF_MAP_UPDATE_ELEM, area)", e))?;
         let mut st = [0u8; STATE_SIZE];

@@ -113,7 +113,10 @@ impl Gen {
         self.a
             .load(Size::DW, R1, R0, STATE_FLAGS)
             .alu_imm(Alu::And, R1, (ARMED | GONE) as i32)
-            .jmp_imm(Jmp::Ne, R1, ARMED as i32, out);
+            .jmp_imm(Jmp::Ne, R1, ARMED as i32, out)
+            .load(Size::DW, R1, R0, 0)
+            .load(Size::DW, R2, R7, OFF_NONCE as i16)
+            .jmp_reg(Jmp::Ne, R1, R2, out);
     }
 
     /// `r0 = &state[tgid]`, or go to `out`.
@@ -493,7 +496,10 @@ pub(crate) fn arm(arg0: i16, maps: Maps) -> Vec<Insn> {
         .load(Size::DW, R1, R8, STATE_FLAGS)
         .jmp_imm(Jmp::Set, R1, GONE as i32, out);
     g.area_only();
-    g.a.mov_imm(R1, ARMED as i32)
+    g.a.load(Size::DW, R1, R7, OFF_NONCE as i16)
+        .load(Size::DW, R2, R6, arg0 + 8)
+        .jmp_reg(Jmp::Ne, R1, R2, out)
+        .mov_imm(R1, ARMED as i32)
         .atomic_fetch_or(R8, STATE_FLAGS, R1)
         .jmp_imm(Jmp::Set, R1, GONE as i32, out)
         .load(Size::W, R1, R10, TGID)
@@ -520,12 +526,16 @@ pub(crate) fn gone(leader_only: bool, maps: Maps) -> Vec<Insn> {
             .jmp_reg(Jmp::Ne, R1, R2, out);
     }
     g.state();
-    g.a.mov_imm(R1, GONE as i32)
-        .atomic_fetch_or(R0, STATE_FLAGS, R1)
+    g.a.mov(R9, R0)
+        .mov_imm(R1, GONE as i32)
+        .atomic_fetch_or(R9, STATE_FLAGS, R1)
         .jmp_imm(Jmp::Set, R1, GONE as i32, out)
         .alu_imm(Alu::And, R1, ARMED as i32)
         .jmp_imm(Jmp::Eq, R1, 0, out);
     g.area_only();
+    g.a.load(Size::DW, R1, R9, 0)
+        .load(Size::DW, R2, R7, OFF_NONCE as i16)
+        .jmp_reg(Jmp::Ne, R1, R2, out);
     let top = g.a.label();
     let done = g.a.label();
     g.a.mov_imm(R1, 1)
