@@ -153,6 +153,11 @@ impl Asm {
         self.push(insn(STX | ATOMIC | Size::DW as u8, dst, src, off, 0x01))
     }
 
+    /// `src = atomic_fetch_or((u64 *)(dst + off), src)` (fully ordered)
+    pub(crate) fn atomic_fetch_or(&mut self, dst: Reg, off: i16, src: Reg) -> &mut Self {
+        self.push(insn(STX | ATOMIC | Size::DW as u8, dst, src, off, 0x41))
+    }
+
     /// `lock *(u64 *)(dst + off) |= src`
     pub(crate) fn atomic_or(&mut self, dst: Reg, off: i16, src: Reg) -> &mut Self {
         self.push(insn(STX | ATOMIC | Size::DW as u8, dst, src, off, 0x40))

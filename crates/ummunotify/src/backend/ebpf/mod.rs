@@ -4,7 +4,7 @@
 //!
 //! # Mechanism
 //! Programs (`prog.rs`) on `syscalls:sys_enter_{munmap, mremap, madvise, brk, mmap, shmdt,
-//! shmat, process_madvise, remap_file_pages}` compute from the arguments the range the call
+//! shmat, process_madvise, remap_file_pages}` (and three for identity, below) compute from the arguments the range the call
 //! will change (madvise only for advice that drops frames, mmap only with `MAP_FIXED`, shmat
 //! only with `SHM_REMAP`), find the caller's *area* by its tgid (`procs`, a hash of maps), and
 //! bump the word of every registered range that overlaps, plus the area's counter. The area
@@ -48,12 +48,41 @@
 //! have another tgid, so their calls never touch the parent's area; a `pthread_atfork` child
 //! handler replaces every area mapping with private memory whose words can match no ticket.
 //!
+//! # Identity: an area belongs to a program, not to a pid (issue 40)
+//! A tgid outlives the program that asked (`exec`, a setuid one too) and is reused after it
+//! exits, while the connection and the area fd may be kept by a forked helper. So a private
+//! map `state[tgid] = {nonce, flags}` (never given to clients) says whose area `procs[tgid]`
+//! is. The daemon creates the area with a random nonce, not armed, and sends the nonce with the
+//! fd; the client *arms* it from its own process ([`Area::connect`]: `prctl(0x554d4e31,
+//! nonce)`, an option no kernel defines, `EINVAL`): a program on `sys_enter_prctl` sets ARMED
+//! only for the tgid holding that nonce and not GONE, and writes the tgid into the area's
+//! `armed` word, which the client checks. Programs on `sched_process_exec` and
+//! `sched_process_exit` (the group leader's) set GONE and mark an armed area dead (the `dead`
+//! word, every word and the counter bumped: every check fails, registration is refused). The
+//! watched-call programs write into an area only while it is ARMED and not GONE. Hence no
+//! event of another program ever reaches an area: not after exec (GONE), not from a process
+//! that reuses the pid (GONE, or an area it never armed), not from a hello whose sender exec'd
+//! before arming (never armed). The daemon replaces a gone or never-armed area on a new hello
+//! for that pid, refuses (`EEXIST`) an armed live one, removes an area only with its nonce (a
+//! stale connection never removes its successor's), and sweeps gone ones on each connection
+//! ([`Programs::gone`]). Programs only set flags: the verifier lets them look up, not change,
+//! a hash of maps, so entries are deleted by the daemon. The area holds its nonce too, and
+//! every program writes only when the area's nonce is the state's: a replacement racing a
+//! program between its two lookups (a preallocated hash reuses a deleted element at once)
+//! never pairs one program's area with another's state.
+//!
+//! Limits: a process whose main thread exits before its other threads loses its area (every
+//! check fails, registration errors); the programs see the initial pid namespace's ids, so a
+//! daemon in another pid namespace refuses to start ([`Programs::check_pid_namespace`]);
+//! clients in containers are fine (`SO_PEERCRED` gives the daemon host pids).
+//!
 //! # Privilege: loading needs root, using does not
 //! [`Programs::load`] needs `CAP_BPF`+`CAP_PERFMON` (root): it creates the maps, loads and
 //! attaches the programs (one perf event per tracepoint, `pid = -1`). A root process can use
 //! them itself ([`Area::open_local`]); `umn daemon` loads them once per node and hands each
-//! connecting process its area's fd over a Unix socket (`SCM_RIGHTS`, [`Daemon`],
-//! [`Area::connect`]); `bpf(BPF_MAP_*)` and `mmap` on an fd one holds need no privilege.
+//! connecting process its area's fd and nonce over a Unix socket (`SCM_RIGHTS`, [`Daemon`],
+//! [`Area::connect`], reply `ok <layout> <slots> <nonce: 16 hex digits>`); `mmap` on an fd one
+//! holds and the arming `prctl` need no privilege.
 //!
 //! # What it misses (shown as missed by `umn coverage --backend ebpf`)
 //! Calls that do not go through these syscall entries: ia32 `int $0x80`, io_uring
@@ -119,6 +148,10 @@ fn ctx(what: &str, e: io::Error) -> io::Error {
 /// The loaded and attached programs and their maps. Dropping it detaches them.
 pub struct Programs {
     procs: OwnedFd,
+    /// `state[tgid] = {nonce, flags}`: whether the area of `procs[tgid]` is armed or gone.
+    state: OwnedFd,
+    /// Serializes the userspace changes of `procs` and `state` (the programs only set flags).
+    lock: Mutex<()>,
     _inflight: OwnedFd,
     _template: OwnedFd,
     _progs: Vec<OwnedFd>,
@@ -166,7 +199,21 @@ impl Programs {
             None,
         )
         .map_err(|e| ctx("bpf(BPF_MAP_CREATE, hash)", e))?;
-        let (pf, inf) = (procs.as_raw_fd(), inflight.as_raw_fd());
+        let state = sys::map_create(
+            "umn_state",
+            sys::BPF_MAP_TYPE_HASH,
+            4,
+            STATE_SIZE as u32,
+            MAX_PROCESSES,
+            0,
+            None,
+        )
+        .map_err(|e| ctx("bpf(BPF_MAP_CREATE, hash)", e))?;
+        let maps = prog::Maps {
+            procs: procs.as_raw_fd(),
+            state: state.as_raw_fd(),
+            inflight: inflight.as_raw_fd(),
+        };
         let mut progs = Vec::new();
         let mut links = Vec::new();
         let mut attached = Vec::new();
@@ -177,9 +224,9 @@ impl Programs {
             let (id, arg0) = sys::tracepoint(&enter_tp)?;
             let (exit_id, ret) = sys::tracepoint(&exit_tp)?;
             let name = format!("umn_{}", kind.name());
-            let fd = sys::prog_load_tracepoint(&name, &prog::enter(kind, arg0, pf, inf))?;
+            let fd = sys::prog_load_tracepoint(&name, &prog::enter(kind, arg0, maps))?;
             if exit_prog.is_none() {
-                let e = sys::prog_load_tracepoint("umn_exit", &prog::exit(ret, pf, inf))?;
+                let e = sys::prog_load_tracepoint("umn_exit", &prog::exit(ret, maps))?;
                 exit_prog = Some((e, ret));
             }
             let (efd, eret) = exit_prog.as_ref().expect("loaded above");
@@ -196,8 +243,46 @@ impl Programs {
             attached.push(exit_tp);
         }
         progs.extend(exit_prog.map(|(fd, _)| fd));
+        // Identity: arming (the client's own prctl), exec and leader exit (see "Identity").
+        let (prctl_id, option) = sys::tracepoint("sys_enter_prctl")?;
+        let identity = [
+            (
+                "syscalls",
+                "sys_enter_prctl",
+                "umn_arm",
+                prog::arm(option, maps),
+                prctl_id,
+            ),
+            (
+                "sched",
+                "sched_process_exec",
+                "umn_exec",
+                prog::gone(false, maps),
+                0,
+            ),
+            (
+                "sched",
+                "sched_process_exit",
+                "umn_gone",
+                prog::gone(true, maps),
+                0,
+            ),
+        ];
+        for (group, tp, name, insns, id) in identity {
+            let id = if id != 0 {
+                id
+            } else {
+                sys::tracepoint_id(group, tp)?
+            };
+            let fd = sys::prog_load_tracepoint(name, &insns)?;
+            links.push(sys::attach_tracepoint(id, fd.as_fd()).map_err(|e| ctx(tp, e))?);
+            progs.push(fd);
+            attached.push(tp.to_string());
+        }
         Ok(Programs {
             procs,
+            state,
+            lock: Mutex::new(()),
             _inflight: inflight,
             _template: template,
             _progs: progs,
@@ -211,25 +296,91 @@ impl Programs {
         &self.attached
     }
 
-    /// Creates an area for process `tgid` and enters it in `procs`; `exclusive` refuses a
-    /// tgid that already has one (`EEXIST`).
-    pub fn new_area(&self, tgid: u32, exclusive: bool) -> io::Result<OwnedFd> {
+    /// Creates an area for process `tgid`, records `nonce` for it in `state` (not armed) and
+    /// enters the area in `procs`. An area already there is replaced when it is gone (its
+    /// process exec'd or exited) or was never armed; an armed, live one is kept: `EEXIST`.
+    pub fn new_area(&self, tgid: u32, nonce: u64) -> io::Result<OwnedFd> {
+        let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        match self.state(tgid) {
+            Some((_, flags)) if flags & (ARMED | GONE) == ARMED => {
+                return Err(io::Error::new(
+                    io::ErrorKind::AlreadyExists,
+                    format!("pid {tgid} already has an armed area (File exists)"),
+                ))
+            }
+            _ => self.delete(tgid),
+        }
         let map = area_map().map_err(|e| ctx("bpf(BPF_MAP_CREATE, area)", e))?;
         let mut init = vec![0u8; AREA_SIZE];
         init[OFF_LO..OFF_LO + 8].copy_from_slice(&u64::MAX.to_ne_bytes());
         init[OFF_LAYOUT..OFF_LAYOUT + 8].copy_from_slice(&LAYOUT_VERSION.to_ne_bytes());
+        init[OFF_NONCE..OFF_NONCE + 8].copy_from_slice(&nonce.to_ne_bytes());
         sys::map_update(map.as_fd(), &0u32.to_ne_bytes(), &init, 0)
             .map_err(|e| ctx("bpf(BPF_MAP_UPDATE_ELEM, area)", e))?;
+        let mut st = [0u8; STATE_SIZE];
+        st[..8].copy_from_slice(&nonce.to_ne_bytes());
+        const NOEXIST: u64 = 1;
+        // state before procs: the programs find an area only through procs, then its state.
+        sys::map_update(self.state.as_fd(), &tgid.to_ne_bytes(), &st, NOEXIST)
+            .map_err(|e| ctx("bpf(BPF_MAP_UPDATE_ELEM, state)", e))?;
         let fd = (map.as_raw_fd() as u32).to_ne_bytes();
-        let flags = if exclusive { 1 } else { 0 }; // BPF_NOEXIST
-        sys::map_update(self.procs.as_fd(), &tgid.to_ne_bytes(), &fd, flags)
-            .map_err(|e| ctx("bpf(BPF_MAP_UPDATE_ELEM, procs)", e))?;
+        if let Err(e) = sys::map_update(self.procs.as_fd(), &tgid.to_ne_bytes(), &fd, NOEXIST) {
+            let _ = sys::map_delete(self.state.as_fd(), &tgid.to_ne_bytes());
+            return Err(ctx("bpf(BPF_MAP_UPDATE_ELEM, procs)", e));
+        }
         Ok(map)
     }
 
-    /// Takes process `tgid` out of `procs` (its calls no longer reach any area).
-    pub fn remove(&self, tgid: u32) -> io::Result<()> {
-        sys::map_delete(self.procs.as_fd(), &tgid.to_ne_bytes())
+    /// Takes process `tgid`'s area out of `procs` and `state` if it is still the one created
+    /// with `nonce` (a connection that outlived its process never removes the area a later
+    /// process with the same pid got).
+    pub fn remove(&self, tgid: u32, nonce: u64) -> io::Result<()> {
+        let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        match self.state(tgid) {
+            Some((n, _)) if n == nonce => {
+                self.delete(tgid);
+                Ok(())
+            }
+            _ => Err(io::Error::from_raw_os_error(libc::ENOENT)),
+        }
+    }
+
+    /// procs first (the programs stop finding the area), then state.
+    fn delete(&self, tgid: u32) {
+        let _ = sys::map_delete(self.procs.as_fd(), &tgid.to_ne_bytes());
+        let _ = sys::map_delete(self.state.as_fd(), &tgid.to_ne_bytes());
+    }
+
+    /// `state[tgid]`: its nonce and flags.
+    fn state(&self, tgid: u32) -> Option<(u64, u64)> {
+        let mut v = [0u8; STATE_SIZE];
+        sys::map_lookup(self.state.as_fd(), &tgid.to_ne_bytes(), &mut v).ok()?;
+        let nonce = u64::from_ne_bytes(v[..8].try_into().expect("8 bytes"));
+        let flags = u64::from_ne_bytes(v[8..].try_into().expect("8 bytes"));
+        Some((nonce, flags))
+    }
+
+    /// The areas whose process exec'd or whose leader exited, as `(tgid, nonce)`: no program
+    /// writes into them any more; [`Programs::remove`] them to free their entries.
+    pub fn gone(&self) -> Vec<(u32, u64)> {
+        let mut out = Vec::new();
+        let mut key: Option<[u8; 4]> = None;
+        let mut next = [0u8; 4];
+        for _ in 0..=MAX_PROCESSES {
+            if sys::map_next_key(self.state.as_fd(), key.as_ref().map(|k| &k[..]), &mut next)
+                .is_err()
+            {
+                break;
+            }
+            let tgid = u32::from_ne_bytes(next);
+            if let Some((nonce, flags)) = self.state(tgid) {
+                if flags & GONE != 0 {
+                    out.push((tgid, nonce));
+                }
+            }
+            key = Some(next);
+        }
+        out
     }
 
     /// Whether `tgid` has an area.
@@ -237,6 +388,92 @@ impl Programs {
         let mut id = [0u8; 4];
         sys::map_lookup(self.procs.as_fd(), &tgid.to_ne_bytes(), &mut id).is_ok()
     }
+
+    /// Checks that the programs see this process under [`getpid`](libc::getpid): an area for
+    /// it, armed with the magic prctl, must report this pid. They see the initial pid
+    /// namespace's ids, so a daemon in another pid namespace (a container without the host's
+    /// pids) would key its clients by pids the programs never see.
+    ///
+    /// # Errors
+    /// Says that the process runs in a pid namespace other than the host's (with its `NSpid`),
+    /// or that the programs did not arm the test area.
+    pub fn check_pid_namespace(&self) -> io::Result<()> {
+        let pid = getpid();
+        let nonce = random_nonce()?;
+        let map = self.new_area(pid, nonce)?;
+        let seen = (|| {
+            let len = map_len();
+            let base = crate::sys::mmap_shared(map.as_fd(), len)?.as_ptr();
+            arm_prctl(nonce);
+            // SAFETY: OFF_ARMED is 8-aligned inside the mapping made above.
+            let armed = unsafe { (*(base.add(OFF_ARMED) as *const AtomicU64)).load(SeqCst) };
+            // SAFETY: the mapping made above, not used after.
+            unsafe { libc::munmap(base.cast(), len) };
+            Ok::<u64, io::Error>(armed)
+        })();
+        let _ = self.remove(pid, nonce);
+        let seen = seen.map_err(|e| ctx("mmap(area)", e))?;
+        if seen == u64::from(pid) {
+            return Ok(());
+        }
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        let nspid = status
+            .lines()
+            .find_map(|l| l.strip_prefix("NSpid:"))
+            .map(|v| v.split_whitespace().collect::<Vec<_>>())
+            .unwrap_or_default();
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            if nspid.len() > 1 {
+                format!(
+                    "this process runs in a pid namespace other than the host's (NSpid: {}): the \
+                     eBPF programs see host pids, the daemon its namespace's; run it in the \
+                     host's pid namespace (a container needs --pid=host)",
+                    nspid.join(" ")
+                )
+            } else {
+                format!(
+                    "the eBPF programs did not see this process (pid {pid}) arm its area (they \
+                     saw {seen}): the daemon must run in the host's pid namespace"
+                )
+            },
+        ))
+    }
+}
+
+/// A random nonce (never 0).
+fn random_nonce() -> io::Result<u64> {
+    loop {
+        let mut b = [0u8; 8];
+        // SAFETY: writes at most 8 bytes into b.
+        let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), 8, 0) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(ctx("getrandom", e));
+        }
+        let v = u64::from_ne_bytes(b);
+        if n == 8 && v != 0 {
+            return Ok(v);
+        }
+    }
+}
+
+/// The magic prctl the arming program watches (the kernel answers `EINVAL`).
+fn arm_prctl(nonce: u64) {
+    // SAFETY: an option no kernel defines: nothing changes, the call fails with EINVAL.
+    unsafe {
+        libc::syscall(
+            libc::SYS_prctl,
+            ARM_PRCTL as libc::c_ulong,
+            nonce as libc::c_ulong,
+            0,
+            0,
+            0,
+        )
+    };
 }
 
 /// A registered range's slot and the word it was registered with. [`Area::is_valid`] compares.
@@ -272,6 +509,7 @@ pub struct Area {
     _map: OwnedFd,
     slots: Mutex<Slots>,
     pid: u32,
+    nonce: u64,
     owner: Owner,
     fork_slot: usize,
 }
@@ -328,8 +566,11 @@ impl Area {
     /// See [`Programs::load`].
     pub fn open_local() -> io::Result<Area> {
         let programs = Programs::load()?;
-        let map = programs.new_area(getpid(), false)?;
-        Area::from_map(map, Owner::Local(programs))
+        let nonce = random_nonce()?;
+        let map = programs.new_area(getpid(), nonce)?;
+        let area = Area::from_map(map, nonce, Owner::Local(programs))?;
+        area.arm()?;
+        Ok(area)
     }
 
     /// Asks the daemon on `path` for this process's area.
@@ -343,14 +584,42 @@ impl Area {
         let mut buf = [0u8; 256];
         let (n, fd) = sys::recv_fd(s.as_fd(), &mut buf)?;
         let reply = String::from_utf8_lossy(&buf[..n]).trim().to_string();
-        let expect = format!("ok {LAYOUT_VERSION} {SLOTS}");
-        match fd {
-            Some(fd) if reply == expect => Area::from_map(fd, Owner::Daemon(s)),
+        let expect = format!("ok {LAYOUT_VERSION} {SLOTS} ");
+        let nonce = reply
+            .strip_prefix(&expect)
+            .filter(|h| h.len() == 16)
+            .and_then(|h| u64::from_str_radix(h, 16).ok());
+        match (fd, nonce) {
+            (Some(fd), Some(nonce)) => {
+                let area = Area::from_map(fd, nonce, Owner::Daemon(s))?;
+                area.arm()
+                    .map_err(|e| ctx(&format!("umn daemon at {}", path.display()), e))?;
+                Ok(area)
+            }
             _ => Err(io::Error::other(format!(
-                "umn daemon at {}: {reply:?} (wanted {expect:?})",
+                "umn daemon at {}: {reply:?} (wanted \"{expect}<nonce: 16 hex digits>\")",
                 path.display()
             ))),
         }
+    }
+
+    /// Arms the area from this process (the magic prctl with the daemon's nonce): from here
+    /// on the programs write into it, until this process execs or its leader thread exits.
+    fn arm(&self) -> io::Result<()> {
+        arm_prctl(self.nonce);
+        let armed = self.u64_at(OFF_ARMED).load(SeqCst);
+        let dead = self.u64_at(OFF_DEAD).load(SeqCst);
+        if armed == 0 || dead != 0 {
+            return Err(io::Error::other(format!(
+                "the eBPF programs did not arm this process's area (armed {armed}, dead {dead}): \
+                 the daemon is not in the host's pid namespace, or this process is not the one \
+                 it gave the area to"
+            )));
+        }
+        // Let the exit program learn the current break (brk(0) changes nothing).
+        // SAFETY: brk(0) only reports the break.
+        unsafe { libc::syscall(libc::SYS_brk, 0usize) };
+        Ok(())
     }
 
     /// The daemon's socket if one is listening (`UMN_EBPF_SOCKET` or [`DEFAULT_SOCKET`]), else
@@ -385,7 +654,7 @@ impl Area {
         Ok(a)
     }
 
-    fn from_map(map: OwnedFd, owner: Owner) -> io::Result<Area> {
+    fn from_map(map: OwnedFd, nonce: u64, owner: Owner) -> io::Result<Area> {
         let len = map_len();
         let base = crate::sys::mmap_shared(map.as_fd(), len)
             .map_err(|e| ctx("mmap(area)", e))?
@@ -408,6 +677,7 @@ impl Area {
                 reported: vec![0; SLOTS],
             }),
             pid: getpid(),
+            nonce,
             owner,
             fork_slot,
         };
@@ -417,9 +687,6 @@ impl Area {
                 "area layout version differs",
             ));
         }
-        // Let the exit program learn the current break (brk(0) changes nothing).
-        // SAFETY: brk(0) only reports the break.
-        unsafe { libc::syscall(libc::SYS_brk, 0usize) };
         Ok(area)
     }
 
@@ -485,6 +752,13 @@ impl Area {
         // now (see "Start and end" in the module doc).
         fence(SeqCst);
         let word = self.word(slot).load(SeqCst);
+        if self.u64_at(OFF_DEAD).load(SeqCst) != 0 {
+            // No program writes here any more (this process exec'd or its leader exited).
+            self.u64_at(r + 8).store(0, SeqCst);
+            self.u64_at(r).store(0, SeqCst);
+            slots.free.push(slot);
+            return Err(crate::Error::MonitorDead);
+        }
         slots.reported[slot as usize] = word;
         Ok(Ticket { slot, word })
     }
@@ -567,7 +841,7 @@ impl std::fmt::Debug for Programs {
 impl Drop for Area {
     fn drop(&mut self) {
         if let Owner::Local(p) = &self.owner {
-            let _ = p.remove(self.pid);
+            let _ = p.remove(self.pid, self.nonce);
         }
         if let Some((b, l)) = FORK_AREAS.get(self.fork_slot) {
             l.store(0, SeqCst);
@@ -697,10 +971,13 @@ fn peer_pid(s: &UnixStream) -> io::Result<u32> {
 }
 
 impl Daemon {
-    /// Loads the programs (root).
+    /// Loads the programs (root) and checks that they see this process's pid
+    /// ([`Programs::check_pid_namespace`]).
     pub fn new() -> io::Result<Daemon> {
+        let programs = Programs::load()?;
+        programs.check_pid_namespace()?;
         Ok(Daemon {
-            programs: Arc::new(Programs::load()?),
+            programs: Arc::new(programs),
         })
     }
 
@@ -724,10 +1001,15 @@ impl Daemon {
     }
 
     /// Serves connections on `listener` until it fails: each process gets its own area (keyed
-    /// by the pid `SO_PEERCRED` reports, one per process), dropped when it disconnects.
+    /// by the pid `SO_PEERCRED` reports, one per process, with a nonce it arms the area with),
+    /// dropped when it disconnects; areas whose process exec'd or exited are swept on each
+    /// connection.
     pub fn serve(&self, listener: UnixListener) -> io::Result<()> {
         for conn in listener.incoming() {
             let conn = conn?;
+            for (tgid, nonce) in self.programs.gone() {
+                let _ = self.programs.remove(tgid, nonce);
+            }
             let programs = Arc::clone(&self.programs);
             std::thread::spawn(move || {
                 let _ = Daemon::client(&programs, conn);
@@ -743,21 +1025,22 @@ impl Daemon {
         if hello != HELLO {
             return sys::send_fd(conn.as_fd(), b"err protocol: want umn-ebpf 1\n", None);
         }
-        let area = match programs.new_area(pid, true) {
+        let nonce = random_nonce()?;
+        let area = match programs.new_area(pid, nonce) {
             Ok(a) => a,
             Err(e) => {
                 let msg = format!("err area for pid {pid}: {e}\n");
                 return sys::send_fd(conn.as_fd(), msg.as_bytes(), None);
             }
         };
-        let ok = format!("ok {LAYOUT_VERSION} {SLOTS}\n");
+        let ok = format!("ok {LAYOUT_VERSION} {SLOTS} {nonce:016x}\n");
         let sent = sys::send_fd(conn.as_fd(), ok.as_bytes(), Some(area.as_fd()));
         if sent.is_ok() {
             // The client holds the connection for its life; EOF means it is gone.
             let mut sink = [0u8; 64];
             while matches!(conn.read(&mut sink), Ok(n) if n > 0) {}
         }
-        let _ = programs.remove(pid);
+        let _ = programs.remove(pid, nonce);
         drop(area);
         sent
     }

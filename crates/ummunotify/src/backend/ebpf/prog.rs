@@ -35,22 +35,23 @@ struct Gen {
     a: Asm,
     /// Offset of the first argument (or of `ret`) in the tracepoint record.
     arg0: i16,
-    procs: i32,
-    inflight: i32,
+    maps: Maps,
     out: Label,
 }
 
+/// The fds of the maps the programs use.
+#[derive(Clone, Copy)]
+pub(crate) struct Maps {
+    pub(crate) procs: i32,
+    pub(crate) state: i32,
+    pub(crate) inflight: i32,
+}
+
 impl Gen {
-    fn new(arg0: i16, procs: i32, inflight: i32) -> Gen {
+    fn new(arg0: i16, maps: Maps) -> Gen {
         let mut a = Asm::default();
         let out = a.label();
-        Gen {
-            a,
-            arg0,
-            procs,
-            inflight,
-            out,
-        }
+        Gen { a, arg0, maps, out }
     }
 
     fn arg(&mut self, dst: Reg, i: i16) {
@@ -103,11 +104,37 @@ impl Gen {
             .store_imm(Size::W, R10, ZERO, 0);
     }
 
-    /// `r7 = procs[tgid][0]`, or go to `out`.
+    /// `r7 = procs[tgid][0]` if `state[tgid]` is ARMED and not GONE, or go to `out`. `procs`
+    /// first: a process without an area pays one miss.
     fn area(&mut self) {
         let out = self.out;
+        self.area_only();
+        self.state();
         self.a
-            .load_map(R1, self.procs)
+            .load(Size::DW, R1, R0, STATE_FLAGS)
+            .alu_imm(Alu::And, R1, (ARMED | GONE) as i32)
+            .jmp_imm(Jmp::Ne, R1, ARMED as i32, out)
+            .load(Size::DW, R1, R0, 0)
+            .load(Size::DW, R2, R7, OFF_NONCE as i16)
+            .jmp_reg(Jmp::Ne, R1, R2, out);
+    }
+
+    /// `r0 = &state[tgid]`, or go to `out`.
+    fn state(&mut self) {
+        let out = self.out;
+        self.a
+            .load_map(R1, self.maps.state)
+            .mov(R2, R10)
+            .alu_imm(Alu::Add, R2, TGID as i32)
+            .call(MAP_LOOKUP_ELEM)
+            .jmp_imm(Jmp::Eq, R0, 0, out);
+    }
+
+    /// `r7 = procs[tgid][0]`, whatever its state, or go to `out`.
+    fn area_only(&mut self) {
+        let out = self.out;
+        self.a
+            .load_map(R1, self.maps.procs)
             .mov(R2, R10)
             .alu_imm(Alu::Add, R2, TGID as i32)
             .call(MAP_LOOKUP_ELEM)
@@ -393,8 +420,8 @@ fn compute(g: &mut Gen, kind: Syscall) {
 }
 
 /// The `sys_enter_<kind>` program. `arg0` is the offset of the first argument in the record.
-pub(crate) fn enter(kind: Syscall, arg0: i16, procs: i32, inflight: i32) -> Vec<Insn> {
-    let mut g = Gen::new(arg0, procs, inflight);
+pub(crate) fn enter(kind: Syscall, arg0: i16, maps: Maps) -> Vec<Insn> {
+    let mut g = Gen::new(arg0, maps);
     g.a.mov(R6, R1);
     for i in 0..4 {
         g.rec_imm(i, 0);
@@ -403,7 +430,7 @@ pub(crate) fn enter(kind: Syscall, arg0: i16, procs: i32, inflight: i32) -> Vec<
     g.pid_tgid();
     g.area();
     compute(&mut g, kind);
-    g.a.load_map(R1, g.inflight)
+    g.a.load_map(R1, g.maps.inflight)
         .mov(R2, R10)
         .alu_imm(Alu::Add, R2, PID_TGID as i32)
         .mov(R3, R10)
@@ -416,13 +443,13 @@ pub(crate) fn enter(kind: Syscall, arg0: i16, procs: i32, inflight: i32) -> Vec<
 }
 
 /// The program on every `sys_exit_*` tracepoint. `ret` is the offset of `ret` in the record.
-pub(crate) fn exit(ret: i16, procs: i32, inflight: i32) -> Vec<Insn> {
-    let mut g = Gen::new(ret, procs, inflight);
+pub(crate) fn exit(ret: i16, maps: Maps) -> Vec<Insn> {
+    let mut g = Gen::new(ret, maps);
     let out = g.out;
     let checks = g.a.label();
     g.a.mov(R6, R1);
     g.pid_tgid();
-    g.a.load_map(R1, g.inflight)
+    g.a.load_map(R1, g.maps.inflight)
         .mov(R2, R10)
         .alu_imm(Alu::Add, R2, PID_TGID as i32)
         .call(MAP_LOOKUP_ELEM)
@@ -431,7 +458,7 @@ pub(crate) fn exit(ret: i16, procs: i32, inflight: i32) -> Vec<Insn> {
         g.a.load(Size::DW, R1, R0, 8 * i)
             .store(Size::DW, R10, REC + 8 * i, R1);
     }
-    g.a.load_map(R1, g.inflight)
+    g.a.load_map(R1, g.maps.inflight)
         .mov(R2, R10)
         .alu_imm(Alu::Add, R2, PID_TGID as i32)
         .call(MAP_DELETE_ELEM);
@@ -443,5 +470,88 @@ pub(crate) fn exit(ret: i16, procs: i32, inflight: i32) -> Vec<Insn> {
     g.a.bind(checks);
     g.check(0);
     g.check(2);
+    g.finish()
+}
+
+/// The program on `sys_enter_prctl` (`arg0`: the offset of `option`): arms the caller's area.
+///
+/// Only for `prctl(ARM_PRCTL, nonce)` where `state[tgid]` holds that nonce and is not GONE:
+/// sets ARMED and writes the tgid into the area's `armed` word. The client calls it from its own
+/// process after the daemon's reply, so an area is armed only by a process that holds the nonce
+/// *and* runs under the tgid the daemon gave it to, before any exec of that tgid. Arming is
+/// decided by one `fetch_or` on the flags: a GONE set concurrently (the leader exiting) either
+/// comes first (no `armed` word) or sees ARMED (the area is marked dead).
+pub(crate) fn arm(arg0: i16, maps: Maps) -> Vec<Insn> {
+    let mut g = Gen::new(arg0, maps);
+    let out = g.out;
+    g.a.mov(R6, R1)
+        .load(Size::W, R1, R6, arg0)
+        .jmp_imm(Jmp::Ne, R1, ARM_PRCTL as i32, out);
+    g.pid_tgid();
+    g.state();
+    g.a.mov(R8, R0)
+        .load(Size::DW, R1, R8, 0)
+        .load(Size::DW, R2, R6, arg0 + 8)
+        .jmp_reg(Jmp::Ne, R1, R2, out)
+        .load(Size::DW, R1, R8, STATE_FLAGS)
+        .jmp_imm(Jmp::Set, R1, GONE as i32, out);
+    g.area_only();
+    g.a.load(Size::DW, R1, R7, OFF_NONCE as i16)
+        .load(Size::DW, R2, R6, arg0 + 8)
+        .jmp_reg(Jmp::Ne, R1, R2, out)
+        .mov_imm(R1, ARMED as i32)
+        .atomic_fetch_or(R8, STATE_FLAGS, R1)
+        .jmp_imm(Jmp::Set, R1, GONE as i32, out)
+        .load(Size::W, R1, R10, TGID)
+        .store(Size::DW, R7, OFF_ARMED as i16, R1);
+    g.finish()
+}
+
+/// The program on `sched:sched_process_exec` (`leader_only` false) and
+/// `sched:sched_process_exit` (`leader_only`: only when the exiting thread is the group
+/// leader, `pid == tgid`): sets GONE in `state[tgid]`; if the area was armed, marks it dead:
+/// the `dead` word, then every slot's word and the counter bumped once more, so every check of
+/// its owner fails from here on (a registration that read its word before the marking sees it
+/// bumped; one that read it after sees `dead`: the store and the scan are ordered by a full
+/// barrier, as are the registration's).
+pub(crate) fn gone(leader_only: bool, maps: Maps) -> Vec<Insn> {
+    let mut g = Gen::new(0, maps);
+    let out = g.out;
+    g.pid_tgid();
+    if leader_only {
+        g.a.load(Size::DW, R1, R10, PID_TGID)
+            .alu_imm(Alu::Lsh, R1, 32)
+            .alu_imm(Alu::Rsh, R1, 32)
+            .load(Size::W, R2, R10, TGID)
+            .jmp_reg(Jmp::Ne, R1, R2, out);
+    }
+    g.state();
+    g.a.mov(R9, R0)
+        .mov_imm(R1, GONE as i32)
+        .atomic_fetch_or(R9, STATE_FLAGS, R1)
+        .jmp_imm(Jmp::Set, R1, GONE as i32, out)
+        .alu_imm(Alu::And, R1, ARMED as i32)
+        .jmp_imm(Jmp::Eq, R1, 0, out);
+    g.area_only();
+    g.a.load(Size::DW, R1, R9, 0)
+        .load(Size::DW, R2, R7, OFF_NONCE as i16)
+        .jmp_reg(Jmp::Ne, R1, R2, out);
+    let top = g.a.label();
+    let done = g.a.label();
+    g.a.mov_imm(R1, 1)
+        .atomic_fetch_or(R7, OFF_DEAD as i16, R1)
+        .load(Size::W, R2, R7, OFF_COUNT as i16)
+        .mov_imm(R8, 0);
+    g.a.bind(top);
+    g.a.jmp_reg(Jmp::Ge, R8, R2, done)
+        .jmp_imm(Jmp::Ge, R8, SLOTS as i32, done);
+    word_ptr(&mut g.a, R1);
+    g.a.mov_imm(R3, 1)
+        .atomic_add(R1, 0, R3)
+        .atomic_add(R7, OFF_GEN as i16, R3)
+        .alu_imm(Alu::Add, R8, 1)
+        .ja(top);
+    g.a.bind(done);
+    g.a.mov_imm(R3, 1).atomic_add(R7, OFF_GEN as i16, R3);
     g.finish()
 }

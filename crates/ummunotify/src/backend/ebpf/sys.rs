@@ -20,6 +20,7 @@ const BPF_MAP_CREATE: libc::c_long = 0;
 const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
 const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
 const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
+const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
 const BPF_PROG_LOAD: libc::c_long = 5;
 
 /// `union bpf_attr`, as one zeroed block large enough for every command used here; each
@@ -122,6 +123,17 @@ pub(crate) fn map_lookup(map: BorrowedFd<'_>, key: &[u8], value: &mut [u8]) -> i
     bpf(BPF_MAP_LOOKUP_ELEM, &mut a).map(drop)
 }
 
+/// `BPF_MAP_GET_NEXT_KEY`: the key after `key` (the first with `None`); `ENOENT` at the end.
+pub(crate) fn map_next_key(
+    map: BorrowedFd<'_>,
+    key: Option<&[u8]>,
+    next: &mut [u8],
+) -> io::Result<()> {
+    let k = key.map_or(std::ptr::null(), |k| k.as_ptr());
+    let mut a = elem_attr(map, k, next.as_mut_ptr() as u64, 0);
+    bpf(BPF_MAP_GET_NEXT_KEY, &mut a).map(drop)
+}
+
 /// `BPF_PROG_LOAD` of a tracepoint program; on a verifier refusal the error carries its log.
 pub(crate) fn prog_load_tracepoint(name: &str, insns: &[Insn]) -> io::Result<OwnedFd> {
     let license = b"GPL\0";
@@ -195,15 +207,7 @@ pub(crate) fn tracefs() -> io::Result<&'static str> {
 /// argument for `sys_enter_*`, `ret` for `sys_exit_*`), from its `format` file.
 pub(crate) fn tracepoint(name: &str) -> io::Result<(u64, i16)> {
     let dir = format!("{}/events/syscalls/{name}", tracefs()?);
-    let read = |f: &str| {
-        std::fs::read_to_string(format!("{dir}/{f}"))
-            .map_err(|e| io::Error::new(e.kind(), format!("{dir}/{f}: {e}")))
-    };
-    let id: u64 = read("id")?
-        .trim()
-        .parse()
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, format!("{dir}/id")))?;
-    let format = read("format")?;
+    let (id, format) = tracepoint_files(&dir)?;
     let mut after_nr = false;
     for line in format.lines() {
         if line.contains("__syscall_nr") {
@@ -225,6 +229,24 @@ pub(crate) fn tracepoint(name: &str) -> io::Result<(u64, i16)> {
         io::ErrorKind::InvalidData,
         format!("{dir}/format: no field after __syscall_nr"),
     ))
+}
+
+/// The id of tracepoint `group:name` (the programs on it read no field of its record).
+pub(crate) fn tracepoint_id(group: &str, name: &str) -> io::Result<u64> {
+    let dir = format!("{}/events/{group}/{name}", tracefs()?);
+    tracepoint_files(&dir).map(|(id, _)| id)
+}
+
+fn tracepoint_files(dir: &str) -> io::Result<(u64, String)> {
+    let read = |f: &str| {
+        std::fs::read_to_string(format!("{dir}/{f}"))
+            .map_err(|e| io::Error::new(e.kind(), format!("{dir}/{f}: {e}")))
+    };
+    let id: u64 = read("id")?
+        .trim()
+        .parse()
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, format!("{dir}/id")))?;
+    Ok((id, read("format")?))
 }
 
 const PERF_TYPE_TRACEPOINT: u32 = 2;
