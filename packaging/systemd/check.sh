@@ -10,7 +10,8 @@
 #     PrivateTmp, PrivateDevices), its own network namespace (PrivateNetwork), and the seccomp
 #     parts (SystemCallFilter, SystemCallArchitectures, RestrictAddressFamilies,
 #     MemoryDenyWriteExecute: sandbox.py). The daemon's /proc status must show that uid and
-#     exactly those capabilities; `umn doctor` as nobody must be served by it.
+#     exactly those capabilities; `umn doctor` and `umn coverage --backend ebpf` as nobody must
+#     be served by it (every kind the eBPF backend claims detected through its programs).
 #
 #   bash packaging/systemd/check.sh [UMN]      # as root; UMN defaults to target/release/umn
 set -euo pipefail
@@ -98,5 +99,14 @@ say "daemon pid $dpid: uid $uid ($user), capabilities $want ($caps), seccomp fil
 out=$(cd "$tmp" && runuser -u nobody -- env UMN_EBPF_SOCKET="$sock" UMN_BACKEND=ebpf \
     "$tmp/bin/umn" doctor 2>&1) || true
 grep -q "^ebpf: ok: from umn daemon at $sock" <<<"$out" || { echo "$out" >&2; fail "nobody not served"; }
+# Events through the sandboxed daemon's programs: every kind the eBPF backend claims.
+# Exit 3 (a case could not run, e.g. the REMOVE race found no window on a loaded machine) is
+# not a verdict; a miss or a stale use (exit 1) fails.
+rc=0
+cov=$(cd "$tmp" && runuser -u nobody -- env UMN_EBPF_SOCKET="$sock" "$tmp/bin/umn" coverage \
+    --backend ebpf 2>&1) || rc=$?
+echo "$cov" >&2
+{ [ "$rc" = 0 ] || [ "$rc" = 3 ]; } && grep -Eq "^([0-9]+) of \1 kinds .*; 0 failed;" <<<"$cov" ||
+    fail "umn coverage --backend ebpf as nobody through the daemon (exit $rc)"
 kill -0 "$dpid" || fail "daemon exited"
-say "ok: nobody served by the daemon as $user with only $caps"
+say "ok: nobody served by the daemon as $user with only $caps (doctor, coverage)"
