@@ -4,8 +4,8 @@
 # Spack's directive, attribute and property audits on it. The scope holds only this repository
 # and Spack's own recipes of the dependencies (rust, libfabric, pkgconf, pkg-config, copied from
 # the checkout's builtin repository into a temporary one): auditing against all 8,000 builtin
-# recipes takes 5 minutes here, this 10 s. No `spack install`: Spack would build rust from
-# source or need it registered as an external, and clingo from the network.
+# recipes takes 5 minutes here, this 10 s. With UMN_SPACK_DEV_BUILD=1, also `spack dev-build`
+# of this tree (below).
 #
 #   SPACK_ROOT=/path/to/spack bash packaging/spack/check.sh
 #   UMN_SPACK_GIT=/path/to/spack.git bash packaging/spack/check.sh   # a bare clone: its HEAD
@@ -48,3 +48,50 @@ audit=$("$spack" -C "$scope" audit packages ummunotify 2>&1) || { echo "$audit" 
 echo "$audit" >&2
 ! grep -q "issues found$" <<<"$audit" || fail "spack audit packages ummunotify found issues"
 say "ok: spack info loads the recipe, spack audit packages: 0 issues"
+[ -n "${UMN_SPACK_DEV_BUILD:-}" ] || exit 0
+
+# 2. UMN_SPACK_DEV_BUILD=1: `spack dev-build` of this tree, offline: the concretizer is clingo
+# from PyPI in a venv (target/spack-venv; no bootstrap download), rust (the toolchain cargo
+# runs from), pkgconf and libfabric are the machine's, registered as externals; the whole
+# builtin repository (the concretizer needs the recipes behind them). Cargo reuses target/.
+# Installs into a temporary tree and runs the recipe's install test (umn --help), then checks
+# the installed files.
+venv=$repo/target/spack-venv
+[ -x "$venv/bin/python" ] && "$venv/bin/python" -c 'import clingo' 2>/dev/null ||
+    { python3 -m venv "$venv" && "$venv/bin/pip" install -q clingo; } || fail "clingo venv"
+cargo=$(command -v cargo) || fail "no cargo"
+toolchain=$(cd "$repo" && rustc --print sysroot)
+rustv=$(rustc --version | cut -d' ' -f2)
+pcv=$(pkg-config --version)
+fabv=$(pkg-config --modversion libfabric 2>/dev/null || echo 1.17.0)
+printf 'repos::\n- %s\n- %s\n' "$repo/packaging/spack" "$SPACK_ROOT/var/spack/repos/builtin" \
+    >"$scope/repos.yaml"
+cat >"$scope/packages.yaml" <<YAML
+packages:
+  all:
+    providers:
+      pkgconfig: [pkgconf]
+  rust:
+    buildable: false
+    externals: [{spec: rust@$rustv, prefix: $toolchain}]
+  pkgconf:
+    buildable: false
+    externals: [{spec: pkgconf@$pcv, prefix: /usr}]
+  libfabric:
+    buildable: false
+    externals: [{spec: libfabric@$fabv, prefix: /usr}]
+YAML
+printf 'config:\n  install_tree:\n    root: %s\n  build_stage: [%s]\n' "$scope/opt" "$scope/stage" \
+    >"$scope/config.yaml"
+printf 'bootstrap:\n  enable: false\n' >"$scope/bootstrap.yaml"
+# The index of the builtin recipes is kept between runs (a cold one takes minutes).
+export SPACK_USER_CACHE_PATH=$repo/target/spack-cache
+(cd "$repo" && "$venv/bin/python" "$spack" -C "$scope" dev-build --test=root -d "$repo" \
+    ummunotify@main) >&2 || fail "spack dev-build"
+rm -rf "$repo"/build-linux-*   # spack's build log directory in the source tree
+prefix=$(find "$scope/opt" -maxdepth 3 -type d -name 'ummunotify-main-*' | head -n 1)
+for f in lib/libummunotify.so.0 lib/libummunotify.a lib/pkgconfig/ummunotify.pc \
+    lib/libummunotify-fabric.so lib/libummunotify-compat.so include/ummunotify.h bin/umn; do
+    [ -e "$prefix/$f" ] || fail "spack dev-build installed no $f"
+done
+say "ok: spack dev-build installed ummunotify@main into $prefix (cargo ${cargo%/*})"
