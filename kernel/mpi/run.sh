@@ -44,7 +44,8 @@ timeout_s=${UMN_MPI_TIMEOUT:-1800}
 . "$repo/kernel/lib.sh"
 # shellcheck disable=SC2046 # the MPICH packages: none, or two words
 apt_need "${GUEST_PACKAGES[@]}" iproute2 libibverbs-dev ibverbs-providers ibverbs-utils \
-    rdmacm-utils libfabric-dev openmpi-bin libopenmpi-dev dpkg-dev pkg-config \
+    rdmacm-utils libfabric-dev openmpi-bin libopenmpi-dev dpkg-dev pkg-config debhelper dh-dkms \
+    lintian dkms \
     $(case ",$jobs," in *,mpich-*) echo mpich libmpich-dev ;; esac)
 
 # 2. The kernel (cached; the one kernel/rxe/run.sh boots).
