@@ -51,12 +51,16 @@ say "ok: spack info loads the recipe, spack audit packages: 0 issues"
 [ -n "${UMN_SPACK_DEV_BUILD:-}" ] || exit 0
 
 # 2. UMN_SPACK_DEV_BUILD=1: `spack dev-build` of this tree, offline: the concretizer is clingo
-# from PyPI in a venv (target/spack-venv; no bootstrap download), rust (the toolchain cargo
+# from PyPI in a venv (no bootstrap download), rust (the toolchain cargo
 # runs from), pkgconf and libfabric are the machine's, registered as externals; the whole
 # builtin repository (the concretizer needs the recipes behind them). Cargo reuses target/.
 # Installs into a temporary tree and runs the recipe's install test (umn --help), then checks
 # the installed files.
-venv=$repo/target/spack-venv
+# The venv and Spack's index of its builtin recipes (a cold one takes 2 minutes) are kept
+# between runs outside the tree, as kernel/build-kernel.sh keeps its kernels.
+cache=${UMN_SPACK_CACHE:-/var/cache/ummunotify-spack}
+mkdir -p "$cache"
+venv=$cache/venv
 [ -x "$venv/bin/python" ] && "$venv/bin/python" -c 'import clingo' 2>/dev/null ||
     { python3 -m venv "$venv" && "$venv/bin/pip" install -q clingo; } || fail "clingo venv"
 cargo=$(command -v cargo) || fail "no cargo"
@@ -84,8 +88,7 @@ YAML
 printf 'config:\n  install_tree:\n    root: %s\n  build_stage: [%s]\n' "$scope/opt" "$scope/stage" \
     >"$scope/config.yaml"
 printf 'bootstrap:\n  enable: false\n' >"$scope/bootstrap.yaml"
-# The index of the builtin recipes is kept between runs (a cold one takes minutes).
-export SPACK_USER_CACHE_PATH=$repo/target/spack-cache
+export SPACK_USER_CACHE_PATH=$cache/user-cache
 (cd "$repo" && "$venv/bin/python" "$spack" -C "$scope" dev-build --test=root -d "$repo" \
     ummunotify@main) >&2 || fail "spack dev-build"
 rm -rf "$repo"/build-linux-*   # spack's build log directory in the source tree
