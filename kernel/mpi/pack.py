@@ -3,10 +3,10 @@
 rdma-core, libfabric and Open MPI packages (plug-in directories, help texts and configuration
 included, which an ldd closure alone would miss), the ldd closure of every ELF among them, at
 the host's paths (merged /usr), Debian's MPICH with UMN_MPI_MPICH=1, the test's programs,
-and the project's Debian package installed with `dpkg --root` (the job then finds ummunotify
-at the package's paths only).
+and the project's Debian packages installed with `dpkg --root` (the job then finds ummunotify
+at the packages' paths only).
 
-Usage: pack.py OUT.gz ROOT DEB PROGRAM... (each PROGRAM is SRC or SRC=DEST, DEST defaulting to
+Usage: pack.py OUT.gz ROOT DEB[,DEB...] PROGRAM... (each PROGRAM is SRC or SRC=DEST, DEST defaulting to
 /usr/bin/<name>). Prints the file count and sizes."""
 import os
 import shutil
@@ -34,11 +34,13 @@ BUSYBOX_APPLETS = ("sh mount umount insmod env sed cut ls dmesg grep nproc uname
 def main():
     out, root, deb, programs = (os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2]),
                                 sys.argv[3], sys.argv[4:])
+    # ummunotify-tools' postinst adds its user to the root's /etc (systemd-sysusers --root);
+    # finish() writes the image's own passwd and group afterwards.
     make_root(root, ("var/tmp", "var/lib/dpkg/info", "var/lib/dpkg/updates"))
-    # The project's package, as a site installs it (its own dpkg status file in the image).
+    # The project's packages, as a site installs them (its own dpkg status file in the image).
     open(f"{root}/var/lib/dpkg/status", "w").close()
     subprocess.run(["dpkg", f"--root={root}", "--force-depends", "--force-script-chrootless",
-                    "--no-triggers", "-i", deb], check=True, stdout=sys.stderr)
+                    "--no-triggers", "-i", *deb.split(",")], check=True, stdout=sys.stderr)
     files = []
     for pkg in PKGS:
         lst = subprocess.run(["dpkg", "-L", pkg], capture_output=True, text=True,

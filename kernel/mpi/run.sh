@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Two nodes, one MPI job (issue 22): builds the project's Debian package and checks it, packs one
-# initramfs for two QEMU TCG guests with the package installed by dpkg, boots them as node0 and
+# Two nodes, one MPI job (issue 22): builds the project's Debian packages and checks them, packs
+# one initramfs for two QEMU TCG guests with libummunotify0 and ummunotify-tools installed by dpkg, boots them as node0 and
 # node1 joined by a link this script makes (QEMU socket netdev on 127.0.0.1: node1 listens,
 # node0 connects), each with its own soft-RoCE device over that link, and runs Open MPI jobs
 # with one rank per node (kernel/mpi/init, kernel/mpi/mpi_reuse.c). kernel/mpi/verdict.py
@@ -44,17 +44,21 @@ timeout_s=${UMN_MPI_TIMEOUT:-1800}
 . "$repo/kernel/lib.sh"
 # shellcheck disable=SC2046 # the MPICH packages: none, or two words
 apt_need "${GUEST_PACKAGES[@]}" iproute2 libibverbs-dev ibverbs-providers ibverbs-utils \
-    rdmacm-utils libfabric-dev openmpi-bin libopenmpi-dev dpkg-dev pkg-config \
+    rdmacm-utils libfabric-dev openmpi-bin libopenmpi-dev dpkg-dev pkg-config debhelper dh-dkms \
+    lintian dkms \
     $(case ",$jobs," in *,mpich-*) echo mpich libmpich-dev ;; esac)
 
 # 2. The kernel (cached; the one kernel/rxe/run.sh boots).
 kdir=$(bash "$repo/kernel/build-kernel.sh" | tail -n 1)
 lap "kernel"
 
-# 3. The Debian package, built and checked; the test's two programs.
+# 3. The Debian packages (debian/, dpkg-buildpackage, lintian), checked (installed into a root,
+# the DKMS module built against this kernel); the test's two programs.
 cargo build -q --release -p ummunotify-capi -p ummunotify-compat -p ummunotify-fabric -p umn
-deb=$(bash packaging/deb/build.sh --from "$repo/target/release" "$out/deb" | tail -n 1)
-bash packaging/deb/check.sh "$deb"
+bash packaging/deb/build.sh "$out/deb" >/dev/null
+bash packaging/deb/check.sh "$out/deb" "$kdir"
+# What a node runs: the library and the tools (umn, the preloads).
+debs=$(ls "$out"/deb/libummunotify0_*.deb "$out"/deb/ummunotify-tools_*.deb | paste -sd,)
 gcc -std=gnu11 -Wall -Wextra -Werror -O2 kernel/mpi/rsh.c -o "$out/umn-rsh"
 mpicc.openmpi -std=gnu11 -Wall -Wextra -Werror -O2 -g kernel/mpi/mpi_reuse.c -o "$out/mpi_reuse" \
     -ldl
@@ -72,7 +76,7 @@ lap "package and programs"
 # 4. One initramfs for both nodes: the package installed with dpkg, Open MPI, rdma-core.
 cp kernel/mpi/init "$out/init"
 chmod 755 "$out/init"
-python3 kernel/mpi/pack.py "$out/initrd.gz" "$out/initramfs" "$deb" "$out/init=/init" \
+python3 kernel/mpi/pack.py "$out/initrd.gz" "$out/initramfs" "$debs" "$out/init=/init" \
     "${programs[@]}"
 lap "initramfs ($(du -h "$out/initrd.gz" | cut -f1))"
 

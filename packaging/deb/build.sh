@@ -1,78 +1,34 @@
 #!/usr/bin/env bash
-# Builds the Debian package ummunotify_<version>_amd64.deb from a staged install (dpkg-deb): the
-# C library (libummunotify.so.<version>, its SONAME link .so.0 and the development link .so, the
-# static library, ummunotify.h, ummunotify.pc), the 2010 ABI preload libummunotify-compat.so,
-# the libfabric monitor libummunotify-fabric.so with ummunotify-fabric.h, and the `umn` CLI,
-# at Debian's multiarch paths (/usr/lib/x86_64-linux-gnu, /usr/include, /usr/bin).
+# Builds the Debian packages from the source package at the repository's root (debian/) with
+# dpkg-buildpackage -b, and checks them with lintian (every tag, pedantic included, fails unless
+# debian/*.lintian-overrides explains it):
+#   libummunotify0     libummunotify.so.0 (symbols file debian/libummunotify0.symbols)
+#   libummunotify-dev  ummunotify.h, ummunotify-fabric.h, libummunotify.a, the .so link, .pc
+#   ummunotify-tools   umn, libummunotify-compat.so, libummunotify-fabric.so, umn-daemon.service
+#                      and its sysusers.d file (user ummunotify)
+#   ummunotify-dkms    kernel/module with kernel/module/dkms.conf, in /usr/src/ummunotify-VERSION
 #
-#   bash packaging/deb/build.sh [--from DIR] [OUTDIR]    # default OUTDIR target/deb
+#   bash packaging/deb/build.sh [OUTDIR]      # default OUTDIR target/deb
 #
-# --from DIR takes the release libraries and umn already built in DIR (a cargo profile
-# directory); otherwise they are built here. dpkg-shlibdeps computes Depends from the ELF files.
-# Prints the path of the .deb on its last line. packaging/deb/check.sh checks what it holds.
+# Cargo builds into CARGO_TARGET_DIR (default the tree's target/: an already built tree is not
+# rebuilt). dpkg-buildpackage writes next to the tree; the files the .changes lists are moved to
+# OUTDIR. Prints the path of each .deb, one per line. packaging/deb/check.sh checks them.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
-from=
-if [ "${1:-}" = "--from" ]; then from=$2; shift 2; fi
-out=${1:-$repo/target/deb}
-if [ -z "$from" ]; then
-    (cd "$repo" && cargo build -q --release -p ummunotify-capi -p ummunotify-compat \
-        -p ummunotify-fabric -p umn)
-    from=${CARGO_TARGET_DIR:-$repo/target}/release
-fi
-version=$(sed -n 's/^version = "\(.*\)"/\1/p' "$repo/Cargo.toml" | head -n 1)
+out=$(mkdir -p "${1:-$repo/target/deb}" && cd "${1:-$repo/target/deb}" && pwd)
+version=$(dpkg-parsechangelog -l "$repo/debian/changelog" -S Version)
 arch=$(dpkg --print-architecture)
-multiarch=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || echo x86_64-linux-gnu)
-libdir=/usr/lib/$multiarch
-stage="$out/stage"
-rm -rf "$stage"
-mkdir -p "$stage/DEBIAN" "$out"
-
-# The project's own install scripts, staged (DESTDIR) at the distribution's paths.
-DESTDIR=$stage LIBDIR=$libdir sh "$repo/crates/ummunotify-capi/install.sh" --from "$from" /usr >&2
-DESTDIR=$stage LIBDIR=$libdir sh "$repo/crates/ummunotify-fabric/install.sh" --from "$from" /usr >&2
-install -D -m 0755 "$from/umn" "$stage/usr/bin/umn"
-strip --strip-unneeded "$stage$libdir"/libummunotify.so."$version" \
-    "$stage$libdir"/libummunotify-compat.so "$stage$libdir"/libummunotify-fabric.so \
-    "$stage/usr/bin/umn"
-install -D -m 0644 "$repo/LICENSE-MIT" "$stage/usr/share/doc/ummunotify/LICENSE-MIT"
-install -D -m 0644 "$repo/LICENSE-APACHE" "$stage/usr/share/doc/ummunotify/LICENSE-APACHE"
-
-# Depends from the ELF files' NEEDED entries (dpkg-shlibdeps wants a debian/control to exist).
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-mkdir -p "$tmp/debian"
-printf 'Source: ummunotify\n\nPackage: ummunotify\nArchitecture: any\n' >"$tmp/debian/control"
-depends=$(cd "$tmp" && dpkg-shlibdeps -O --ignore-missing-info \
-    "$stage$libdir"/libummunotify.so."$version" "$stage$libdir"/libummunotify-compat.so \
-    "$stage$libdir"/libummunotify-fabric.so "$stage/usr/bin/umn" 2>/dev/null |
-    sed -n 's/^shlibs:Depends=//p')
-[ -n "$depends" ] || { echo "build.sh: dpkg-shlibdeps gave no Depends" >&2; exit 1; }
-size=$(du -sk --exclude=DEBIAN "$stage" | cut -f1)
-cat >"$stage/DEBIAN/control" <<CONTROL
-Package: ummunotify
-Version: $version
-Architecture: $arch
-Maintainer: ummunotify developers <ummunotify@example.invalid>
-Installed-Size: $size
-Depends: $depends
-Recommends: libfabric1 (>= 1.13)
-Section: libs
-Priority: optional
-Multi-Arch: same
-Description: learn, before an unmapping call returns, that registered memory changed
- ummunotify tells a process when the memory mappings behind ranges it registered change
- (munmap, mremap, madvise, MAP_FIXED over, and more), so that registration caches of RDMA
- stacks never hand a NIC a stale registration.
- .
- This package holds the C library (libummunotify.so.0, header, pkg-config file), the 2010
- ummunotify ABI preload (libummunotify-compat.so), libfabric's memory monitor
- (libummunotify-fabric.so: LD_PRELOAD it, or call ummunotify_fabric_import()) and umn.
-CONTROL
-# The SONAME for dpkg-shlibdeps of programs built against it; ldconfig after install.
-echo "libummunotify ${version%%.*} ummunotify (>= $version)" >"$stage/DEBIAN/shlibs"
-echo "activate-noawait ldconfig" >"$stage/DEBIAN/triggers"
-chmod 0644 "$stage/DEBIAN/control" "$stage/DEBIAN/shlibs" "$stage/DEBIAN/triggers"
-deb="$out/ummunotify_${version}_${arch}.deb"
-dpkg-deb --root-owner-group -Zxz --build "$stage" "$deb" >&2
-echo "$deb"
+changes=ummunotify_${version}_${arch}.changes
+cd "$repo"
+dpkg-buildpackage -b -us -uc >"$out/dpkg-buildpackage.log" 2>&1 || {
+    tail -n 40 "$out/dpkg-buildpackage.log" >&2
+    echo "packaging/deb/build.sh: dpkg-buildpackage failed ($out/dpkg-buildpackage.log)" >&2
+    exit 1
+}
+# The .changes names what the build made (its Files: section); move exactly those.
+files=$(sed -n '/^Files:/,/^[A-Z]/s/^ [0-9a-f]\{32\} [0-9]* [^ ]* [^ ]* //p' "../$changes")
+for f in $files "$changes"; do mv -f "../$f" "$out/"; done
+lintian --pedantic -I --fail-on error,warning,info,pedantic "$out/$changes" >&2 ||
+    { echo "packaging/deb/build.sh: lintian reports tags (above)" >&2; exit 1; }
+echo "packaging/deb/build.sh: lintian clean (overrides: debian/*.lintian-overrides)" >&2
+for f in $files; do case $f in *.deb) echo "$out/$f" ;; esac; done

@@ -30,7 +30,7 @@ commands:
                      (root) load the eBPF programs once for this node and hand each process
                      that connects its area over a Unix socket (default
                      /run/ummunotify/ebpf.sock, or UMN_EBPF_SOCKET); runs in the foreground
-                     until killed (a systemd unit: docs/umn-daemon.service)
+                     until killed (a systemd unit: packaging/systemd/umn-daemon.service)
   demo               the x == y story with io_uring fixed buffers: a naive cache writes stale
                      bytes, the ummunotify cache does not
   designs [--cycles N] [--storm N]
