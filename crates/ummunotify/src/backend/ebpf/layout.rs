@@ -8,6 +8,9 @@
 //!        24  hi      u64  highest end of any registered range   } outside [lo, hi)
 //!        32  brk     u64  what the process's last brk returned (written by the exit program)
 //!        40  layout  u64  LAYOUT_VERSION, written by whoever creates the area
+//!        56  dead    u64  DEAD once the daemon that serves the area stopped (set by the daemon
+//!                         on SIGTERM/SIGINT/SIGHUP, or by the client's watcher thread on the
+//!                         connection's EOF); every word and gen are bumped after it
 //!        64  ranges  [SLOTS] {start u64, end u64}   end == 0: free
 //!  64+16*SLOTS words [SLOTS] u64                    +1 for every call that touched the range
 //!  64+24*SLOTS hints [SLOTS] {lo, hi, torn: u64}    union of the calls' ranges since the last
@@ -25,6 +28,10 @@ pub(crate) const OFF_LO: usize = 16;
 pub(crate) const OFF_HI: usize = 24;
 pub(crate) const OFF_BRK: usize = 32;
 pub(crate) const OFF_LAYOUT: usize = 40;
+/// The area's dead marker: [`DEAD`] once its daemon is gone (see `mark_dead` in `mod.rs`).
+pub(crate) const OFF_DEAD: usize = 56;
+/// The value of a dead area's marker.
+pub(crate) const DEAD: u64 = 1;
 pub(crate) const OFF_RANGES: usize = 64;
 pub(crate) const OFF_WORDS: usize = OFF_RANGES + 16 * SLOTS;
 pub(crate) const OFF_HINTS: usize = OFF_WORDS + 8 * SLOTS;
