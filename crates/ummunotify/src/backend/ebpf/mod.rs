@@ -55,6 +55,17 @@
 //! connecting process its area's fd over a Unix socket (`SCM_RIGHTS`, [`Daemon`],
 //! [`Area::connect`]); `bpf(BPF_MAP_*)` and `mmap` on an fd one holds need no privilege.
 //!
+//! # A daemon's clients (issue 40)
+//! The daemon (`daemon.rs`) serves from one `poll` loop with a hello deadline and per-uid and
+//! total limits ([`DaemonConfig`]). A client trusts only a daemon running as root or as the
+//! system user `ummunotify`, and only an fd that is an mmapable BPF array of one area. No
+//! client goes stale silently: a daemon stopped by `SIGTERM`/`SIGINT`/`SIGHUP` marks every
+//! area dead (`OFF_DEAD`, every word and the counter bumped) before it detaches; a killed one
+//! is seen by each client's watcher thread (blocked in `poll` on the connection), which marks
+//! its own area the same way. [`Area::register`] then fails with
+//! [`MonitorDead`](crate::Error::MonitorDead). Residual window: after a `SIGKILL`, between the
+//! programs' detaching and the watcher's wakeup, a change is not seen.
+//!
 //! # What it misses (shown as missed by `umn coverage --backend ebpf`)
 //! Calls that do not go through these syscall entries: ia32 `int $0x80`, io_uring
 //! `IORING_OP_MADVISE`, `fallocate(PUNCH_HOLE)`/`ftruncate` of a shared file or memfd, kernel
