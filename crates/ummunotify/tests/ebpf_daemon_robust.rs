@@ -234,6 +234,25 @@ fn role() {
             });
             say("client hold: ok");
         }
+        "notifier_hold" => {
+            // The same through the notifier (Area::shared, from UMN_EBPF_SOCKET).
+            std::env::set_var("UMN_EBPF_SOCKET", &sock);
+            let n = ummunotify::Notifier::with_backend(ummunotify::Backend::Ebpf)
+                .expect("a notifier served by the daemon");
+            let p = map_pages(2) as usize;
+            let r = n.register(p..p + PAGE, ummunotify::Cookie(1)).unwrap();
+            say("registered");
+            let mut line = String::new();
+            stdin.read_line(&mut line).unwrap();
+            until("the region to read invalid", || !n.is_valid(r));
+            until("registering to fail", || {
+                matches!(
+                    n.register(p + PAGE..p + 2 * PAGE, ummunotify::Cookie(2)),
+                    Err(ummunotify::Error::MonitorDead)
+                )
+            });
+            say("notifier hold: ok");
+        }
         "flood" => {
             // More connections than the daemon's RLIMIT_NOFILE and than the per-uid limits,
             // none ever sending the hello.
@@ -410,17 +429,23 @@ fn client_learns_the_daemon_is_gone(name: &str, sig: i32) {
         return;
     };
     let mut daemon = scene.daemon(None);
-    let mut client = Reaped(scene.run("client_hold", NOBODY).spawn().unwrap());
-    let mut out = BufReader::new(client.0.stdout.take().unwrap());
-    expect_line(&mut out, "registered");
+    let mut clients = Vec::new();
+    for role in ["client_hold", "notifier_hold"] {
+        let mut c = Reaped(scene.run(role, NOBODY).spawn().unwrap());
+        let mut out = BufReader::new(c.0.stdout.take().unwrap());
+        expect_line(&mut out, "registered");
+        clients.push((role, c, out));
+    }
     kill(&daemon.0, sig);
     let st = daemon.0.wait().unwrap();
     if sig == libc::SIGTERM {
         assert!(st.success(), "the daemon's exit on SIGTERM: {st:?}");
     }
-    writeln!(client.0.stdin.as_mut().unwrap(), "check").unwrap();
-    expect_line(&mut out, "client hold: ok");
-    assert!(client.0.wait().unwrap().success());
+    for (role, c, out) in &mut clients {
+        writeln!(c.0.stdin.as_mut().unwrap(), "check").unwrap();
+        expect_line(out, &format!("{}: ok", role.replace('_', " ")));
+        assert!(c.0.wait().unwrap().success(), "{role}");
+    }
 }
 
 #[test]
