@@ -114,7 +114,9 @@ fn describe(code: u32) -> &'static CStr {
         4108 => c"cookie already registered",
         4109 => c"cookie not registered",
         4110 => c"this process is a fork of the notifier's creator",
-        4111 => c"the monitor thread stopped; every region is invalid",
+        4111 => {
+            c"the monitor stopped (its thread, or the eBPF backend's umn daemon went away); every region is invalid"
+        }
         4112 => c"userfaultfd is unavailable here",
         4113 => c"operating-system error",
         4114 => c"internal error (panic caught at the C boundary)",

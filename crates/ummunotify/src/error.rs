@@ -132,7 +132,8 @@ pub enum Error {
     UnknownCookie(Cookie),
     /// This process is a fork of the one that created the notifier; create a new one.
     Forked,
-    /// The monitor thread could not continue; every region reads invalid. Create a new notifier.
+    /// The monitor thread could not continue, or the eBPF backend lost its `umn daemon`
+    /// (stopped, restarted or killed); every region reads invalid. Create a new notifier.
     MonitorDead,
     /// The backend can not start on this system.
     Unsupported(Unsupported),
@@ -166,7 +167,10 @@ impl fmt::Display for Error {
             Error::Forked => f.write_str(
                 "this process is a fork of the notifier's creator; registrations do not survive fork",
             ),
-            Error::MonitorDead => f.write_str("the monitor thread stopped; every region is invalid"),
+            Error::MonitorDead => f.write_str(
+                "the monitor stopped (its thread, or the eBPF backend's umn daemon went away); \
+                 every region is invalid",
+            ),
             Error::Unsupported(u) => write!(f, "backend unavailable: {u}"),
             Error::Os { op, source } => write!(f, "{op} failed: {source}"),
         }

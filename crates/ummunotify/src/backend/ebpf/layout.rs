@@ -9,8 +9,11 @@
 //!        32  brk     u64  what the process's last brk returned (written by the exit program)
 //!        40  layout  u64  LAYOUT_VERSION, written by whoever creates the area
 //!        48  armed   u64  the tgid the arming program saw (0: not armed; see `prog::arm`)
-//!        56  dead    u64  != 0: the process exec'd or its leader exited; no program writes
-//!                         here again, every word was bumped once more
+//!        56  dead    u64  != 0 (DEAD): the process exec'd or its leader exited (set by the
+//!                         programs: none writes here again), or the daemon serving the area
+//!                         stopped (set by the daemon on SIGTERM/SIGINT/SIGHUP, or by the
+//!                         client's watcher on the connection's EOF); every word and gen are
+//!                         bumped after it
 //!        64  nonce   u64  the daemon's nonce for this area (= state[tgid].nonce): a program
 //!                         that found this area and a state of another (a replacement racing
 //!                         it) writes nothing
@@ -32,7 +35,10 @@ pub(crate) const OFF_HI: usize = 24;
 pub(crate) const OFF_BRK: usize = 32;
 pub(crate) const OFF_LAYOUT: usize = 40;
 pub(crate) const OFF_ARMED: usize = 48;
+/// The area's dead marker: [`DEAD`] once its program or its daemon is gone.
 pub(crate) const OFF_DEAD: usize = 56;
+/// The value of a dead area's marker (the programs `or` in 1).
+pub(crate) const DEAD: u64 = 1;
 pub(crate) const OFF_NONCE: usize = 64;
 pub(crate) const OFF_RANGES: usize = 128;
 pub(crate) const OFF_WORDS: usize = OFF_RANGES + 16 * SLOTS;

@@ -84,6 +84,17 @@
 //! [`Area::connect`], reply `ok <layout> <slots> <nonce: 16 hex digits>`); `mmap` on an fd one
 //! holds and the arming `prctl` need no privilege.
 //!
+//! # A daemon's clients (issue 40)
+//! The daemon (`daemon.rs`) serves from one `poll` loop with a hello deadline and per-uid and
+//! total limits ([`DaemonConfig`]). A client trusts only a daemon running as root or as the
+//! system user `ummunotify`, and only an fd that is an mmapable BPF array of one area. No
+//! client goes stale silently: a daemon stopped by `SIGTERM`/`SIGINT`/`SIGHUP` marks every
+//! area dead (`OFF_DEAD`, every word and the counter bumped) before it detaches; a killed one
+//! is seen by each client's watcher thread (blocked in `poll` on the connection), which marks
+//! its own area the same way. [`Area::register`] then fails with
+//! [`MonitorDead`](crate::Error::MonitorDead). Residual window: after a `SIGKILL`, between the
+//! programs' detaching and the watcher's wakeup, a change is not seen.
+//!
 //! # What it misses (shown as missed by `umn coverage --backend ebpf`)
 //! Calls that do not go through these syscall entries: ia32 `int $0x80`, io_uring
 //! `IORING_OP_MADVISE`, `fallocate(PUNCH_HOLE)`/`ftruncate` of a shared file or memfd, kernel
@@ -112,19 +123,21 @@
 #![allow(unsafe_code)] // The area is shared memory written by the kernel; fork handler.
 
 pub(crate) mod asm;
+mod daemon;
 pub(crate) mod layout;
 pub(crate) mod prog;
 pub(crate) mod sys;
 mod watcher;
 
+pub use daemon::{Daemon, DaemonConfig};
 pub(crate) use watcher::EbpfWatcher;
 
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
-use std::sync::atomic::{fence, AtomicU32, AtomicU64, AtomicUsize};
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex, Weak};
 
 pub use layout::SLOTS;
@@ -499,13 +512,158 @@ struct Slots {
 
 enum Owner {
     Local(Programs),
-    Daemon(#[allow(dead_code)] UnixStream), // held open: the daemon drops the area on EOF
+    /// Served by a daemon: the connection (held open: the daemon drops the area on EOF) and
+    /// what the watcher thread shares.
+    Daemon(Arc<Link>),
+}
+
+/// An area's mapping, unmapped when its last holder (the [`Area`], its watcher thread) is
+/// gone.
+struct Mapping {
+    base: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is shared memory accessed only through atomics.
+unsafe impl Send for Mapping {}
+// SAFETY: as above.
+unsafe impl Sync for Mapping {}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: the mapping was made in from_map with this length and nothing borrows it
+        // (every borrow is tied to an Area or to the watcher, which hold this Mapping).
+        unsafe { libc::munmap(self.base.cast(), self.len) };
+    }
+}
+
+/// A daemon-served area's connection, shared with its watcher thread.
+struct Link {
+    conn: UnixStream,
+    /// Set by the watcher when the daemon is gone (after it marked the area dead).
+    dead: AtomicBool,
+    /// Set by [`Area`]'s drop before it shuts the connection down: the watcher's wakeup is
+    /// then no daemon's death.
+    closing: AtomicBool,
+}
+
+/// Marks the area at `base` dead: the marker first, then every slot's word and the counter
+/// bumped, so every ticket reads invalid and a registration that read its word before a bump
+/// sees the marker when it checks it after (see [`Area::register`]).
+///
+/// # Safety
+/// `base` is a live, writable mapping of an area of at least [`AREA_SIZE`] bytes.
+unsafe fn mark_dead(base: *mut u8) {
+    // SAFETY: every offset is 8-aligned inside the area (caller's obligation).
+    let at = |off: usize| unsafe { &*(base.add(off) as *const AtomicU64) };
+    at(OFF_DEAD).store(DEAD, SeqCst);
+    for i in 0..SLOTS {
+        at(OFF_WORDS + 8 * i).fetch_add(1, SeqCst);
+    }
+    at(OFF_GEN).fetch_add(1, SeqCst);
+}
+
+/// The watcher thread of a daemon-served area: blocked in `poll(2)` on the connection, and
+/// nothing else; on its EOF or error (the daemon died: SIGKILL, a crash) marks the area dead
+/// and sets the client's flag. A forked child has no such thread (threads do not survive
+/// fork; the child loses the area in the atfork handler anyway).
+fn watch(link: Arc<Link>, map: Arc<Mapping>) {
+    let fd = link.conn.as_raw_fd();
+    loop {
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN | libc::POLLRDHUP,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let r = unsafe { libc::poll(&mut p, 1, -1) };
+        if r < 0 {
+            if io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            break;
+        }
+        if p.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLRDHUP | libc::POLLNVAL) != 0 {
+            break;
+        }
+        let mut sink = [0u8; 64];
+        // SAFETY: sink is valid for its length.
+        let n = unsafe { libc::recv(fd, sink.as_mut_ptr().cast(), sink.len(), libc::MSG_DONTWAIT) };
+        if n == 0 {
+            break;
+        }
+        if n < 0
+            && !matches!(
+                io::Error::last_os_error().raw_os_error(),
+                Some(libc::EAGAIN) | Some(libc::EINTR)
+            )
+        {
+            break;
+        }
+    }
+    if link.closing.load(SeqCst) {
+        return;
+    }
+    // SAFETY: map is a live area mapping (this thread holds it).
+    unsafe { mark_dead(map.base) };
+    link.dead.store(true, SeqCst);
+}
+
+/// Whether `uid` may serve areas: root, or the system user `ummunotify` (the packaged unit's).
+fn trusted_daemon_uid(uid: u32) -> bool {
+    uid == 0 || sys::user_uid("ummunotify") == Some(uid)
+}
+
+/// Checks that `fd` is what a daemon must hand: a `BPF_F_MMAPABLE` array map of one area
+/// (from `/proc/self/fd` and `/proc/self/fdinfo`: no `bpf(2)` call, which unprivileged
+/// processes may not make on kernels before 6.5 with `unprivileged_bpf_disabled`).
+fn check_area_fd(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<()> {
+    let raw = fd.as_raw_fd();
+    let bad = |why: String| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("the daemon's area is not an eBPF area: {why}"),
+        )
+    };
+    let link = std::fs::read_link(format!("/proc/self/fd/{raw}"))
+        .map_err(|e| ctx("readlink /proc/self/fd", e))?;
+    if link.as_os_str() != "anon_inode:bpf-map" {
+        return Err(bad(format!("its fd is {}, not a BPF map", link.display())));
+    }
+    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{raw}"))
+        .map_err(|e| ctx("read /proc/self/fdinfo", e))?;
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .map(str::trim)
+            .unwrap_or("")
+    };
+    let flags = field("map_flags");
+    let flags = u64::from_str_radix(flags.trim_start_matches("0x"), 16).unwrap_or(0);
+    let want_size = AREA_SIZE.to_string();
+    let want_type = sys::BPF_MAP_TYPE_ARRAY.to_string();
+    if field("map_type") != want_type
+        || field("value_size") != want_size
+        || field("max_entries") != "1"
+        || flags & u64::from(sys::BPF_F_MMAPABLE) == 0
+    {
+        return Err(bad(format!(
+            "map_type {}, value_size {}, max_entries {}, map_flags {:#x} (wanted an mmapable \
+             array, {want_size} bytes, 1 entry)",
+            field("map_type"),
+            field("value_size"),
+            field("max_entries"),
+            flags
+        )));
+    }
+    Ok(())
 }
 
 /// One process's area, mapped: register ranges, check them with one load.
 pub struct Area {
     base: *mut u8,
     len: usize,
+    mapping: Arc<Mapping>,
     _map: OwnedFd,
     slots: Mutex<Slots>,
     pid: u32,
@@ -577,30 +735,75 @@ impl Area {
     ///
     /// # Errors
     /// No daemon there, the daemon's refusal (in its words), or a bad reply.
+    ///
+    /// Trusts only a daemon running as root or as the system user `ummunotify`
+    /// (`SO_PEERCRED`), and only an fd that is an mmapable BPF array of one area; then starts
+    /// one small thread, blocked in `poll(2)` on the connection, that marks the area dead when
+    /// the daemon goes away (every check then fails, [`Area::register`] returns
+    /// [`MonitorDead`](crate::Error::MonitorDead)). Between a killed daemon's programs being
+    /// detached and that thread's wakeup (microseconds to a scheduling delay) a change goes
+    /// unseen: the residual window of `SIGKILL`; a daemon stopped by `SIGTERM`, `SIGINT` or
+    /// `SIGHUP` marks its areas before it detaches.
+    ///
+    /// # Errors
+    /// No daemon there; `PermissionDenied` when whoever answers is not a trusted uid;
+    /// `InvalidData` when the fd it hands is not an area; the daemon's refusal (in its words),
+    /// or a bad reply; `TimedOut` when it does not answer within 10 s.
     pub fn connect(path: &Path) -> io::Result<Area> {
         let mut s = UnixStream::connect(path)
             .map_err(|e| ctx(&format!("connect {}", path.display()), e))?;
+        let peer = sys::peer_cred(s.as_fd()).map_err(|e| ctx("SO_PEERCRED", e))?;
+        if !trusted_daemon_uid(peer.uid) {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!(
+                    "{} is served by uid {} (pid {}), neither root nor the ummunotify user: \
+                     not trusted",
+                    path.display(),
+                    peer.uid,
+                    peer.pid
+                ),
+            ));
+        }
+        let limit = Some(std::time::Duration::from_secs(10));
+        s.set_read_timeout(limit)?;
+        s.set_write_timeout(limit)?;
         s.write_all(HELLO)?;
         let mut buf = [0u8; 256];
         let (n, fd) = sys::recv_fd(s.as_fd(), &mut buf)?;
+        if let Some(fd) = &fd {
+            check_area_fd(fd.as_fd())?;
+        }
         let reply = String::from_utf8_lossy(&buf[..n]).trim().to_string();
         let expect = format!("ok {LAYOUT_VERSION} {SLOTS} ");
         let nonce = reply
             .strip_prefix(&expect)
             .filter(|h| h.len() == 16)
             .and_then(|h| u64::from_str_radix(h, 16).ok());
-        match (fd, nonce) {
-            (Some(fd), Some(nonce)) => {
-                let area = Area::from_map(fd, nonce, Owner::Daemon(s))?;
-                area.arm()
-                    .map_err(|e| ctx(&format!("umn daemon at {}", path.display()), e))?;
-                Ok(area)
+        let (fd, nonce) = match (fd, nonce) {
+            (Some(fd), Some(nonce)) => (fd, nonce),
+            _ => {
+                return Err(io::Error::other(format!(
+                    "umn daemon at {}: {reply:?} (wanted \"{expect}<nonce: 16 hex digits>\")",
+                    path.display()
+                )))
             }
-            _ => Err(io::Error::other(format!(
-                "umn daemon at {}: {reply:?} (wanted \"{expect}<nonce: 16 hex digits>\")",
-                path.display()
-            ))),
-        }
+        };
+        let link = Arc::new(Link {
+            conn: s,
+            dead: AtomicBool::new(false),
+            closing: AtomicBool::new(false),
+        });
+        let area = Area::from_map(fd, nonce, Owner::Daemon(Arc::clone(&link)))?;
+        area.arm()
+            .map_err(|e| ctx(&format!("umn daemon at {}", path.display()), e))?;
+        let map = Arc::clone(&area.mapping);
+        std::thread::Builder::new()
+            .name("umn-ebpf-daemon".into())
+            .stack_size(64 << 10)
+            .spawn(move || watch(link, map))
+            .map_err(|e| ctx("spawn the daemon watcher thread", e))?;
+        Ok(area)
     }
 
     /// Arms the area from this process (the magic prctl with the daemon's nonce): from here
@@ -670,6 +873,7 @@ impl Area {
         let area = Area {
             base,
             len,
+            mapping: Arc::new(Mapping { base, len }),
             _map: map,
             slots: Mutex::new(Slots {
                 free: Vec::new(),
@@ -712,6 +916,9 @@ impl Area {
         if getpid() != self.pid {
             return Err(crate::Error::Forked);
         }
+        if self.is_dead() {
+            return Err(crate::Error::MonitorDead);
+        }
         if end < start {
             return Err(crate::Error::WrappingRange);
         }
@@ -752,8 +959,11 @@ impl Area {
         // now (see "Start and end" in the module doc).
         fence(SeqCst);
         let word = self.word(slot).load(SeqCst);
-        if self.u64_at(OFF_DEAD).load(SeqCst) != 0 {
-            // No program writes here any more (this process exec'd or its leader exited).
+        // Marked dead after this load (by the programs: this process exec'd or its leader
+        // exited; by the daemon or the watcher: the daemon is gone): the marker is stored
+        // first, then the word bumped, so the ticket can not stay valid. Marked before: seen
+        // here.
+        if self.is_dead() {
             self.u64_at(r + 8).store(0, SeqCst);
             self.u64_at(r).store(0, SeqCst);
             slots.free.push(slot);
@@ -761,6 +971,14 @@ impl Area {
         }
         slots.reported[slot as usize] = word;
         Ok(Ticket { slot, word })
+    }
+
+    /// Whether the daemon serving this area is gone (stopped, killed, or its connection
+    /// lost): every ticket then reads invalid and registering fails with
+    /// [`MonitorDead`](crate::Error::MonitorDead).
+    pub fn is_dead(&self) -> bool {
+        self.u64_at(OFF_DEAD).load(SeqCst) != 0
+            || matches!(&self.owner, Owner::Daemon(l) if l.dead.load(SeqCst))
     }
 
     /// Whether no watched call touched the ticket's range since it was registered: one load.
@@ -840,16 +1058,22 @@ impl std::fmt::Debug for Programs {
 
 impl Drop for Area {
     fn drop(&mut self) {
-        if let Owner::Local(p) = &self.owner {
-            let _ = p.remove(self.pid, self.nonce);
+        match &self.owner {
+            Owner::Local(p) => {
+                let _ = p.remove(self.pid, self.nonce);
+            }
+            // Not in a forked child: the connection is the parent's too.
+            Owner::Daemon(link) if self.pid == getpid() => {
+                link.closing.store(true, SeqCst);
+                let _ = link.conn.shutdown(std::net::Shutdown::Both);
+            }
+            Owner::Daemon(_) => {}
         }
         if let Some((b, l)) = FORK_AREAS.get(self.fork_slot) {
             l.store(0, SeqCst);
             b.store(0, SeqCst);
         }
-        // SAFETY: the mapping was made in from_map with this length and nothing borrows it
-        // (every borrow is tied to &self).
-        unsafe { libc::munmap(self.base.cast(), self.len) };
+        // The mapping goes with the last of `mapping`'s holders.
     }
 }
 
@@ -942,106 +1166,5 @@ pub(crate) fn probe() -> super::BackendReport {
         status,
         kernel_features: features,
         notes,
-    }
-}
-
-/// `umn daemon`'s server: the programs, and one area per connected process.
-pub struct Daemon {
-    programs: Arc<Programs>,
-}
-
-fn peer_pid(s: &UnixStream) -> io::Result<u32> {
-    // SAFETY: ucred is plain data.
-    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: cred and len are valid for writing the option value.
-    let r = unsafe {
-        libc::getsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    };
-    if r != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(cred.pid as u32)
-}
-
-impl Daemon {
-    /// Loads the programs (root) and checks that they see this process's pid
-    /// ([`Programs::check_pid_namespace`]).
-    pub fn new() -> io::Result<Daemon> {
-        let programs = Programs::load()?;
-        programs.check_pid_namespace()?;
-        Ok(Daemon {
-            programs: Arc::new(programs),
-        })
-    }
-
-    /// The programs served.
-    pub fn programs(&self) -> &Programs {
-        &self.programs
-    }
-
-    /// Binds `path` (removing a stale socket, creating its directory), mode 0666: any local
-    /// process may ask for its own area.
-    pub fn bind(path: &Path) -> io::Result<UnixListener> {
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)?;
-        }
-        let _ = std::fs::remove_file(path);
-        let l =
-            UnixListener::bind(path).map_err(|e| ctx(&format!("bind {}", path.display()), e))?;
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
-        Ok(l)
-    }
-
-    /// Serves connections on `listener` until it fails: each process gets its own area (keyed
-    /// by the pid `SO_PEERCRED` reports, one per process, with a nonce it arms the area with),
-    /// dropped when it disconnects; areas whose process exec'd or exited are swept on each
-    /// connection.
-    pub fn serve(&self, listener: UnixListener) -> io::Result<()> {
-        for conn in listener.incoming() {
-            let conn = conn?;
-            for (tgid, nonce) in self.programs.gone() {
-                let _ = self.programs.remove(tgid, nonce);
-            }
-            let programs = Arc::clone(&self.programs);
-            std::thread::spawn(move || {
-                let _ = Daemon::client(&programs, conn);
-            });
-        }
-        Ok(())
-    }
-
-    fn client(programs: &Programs, mut conn: UnixStream) -> io::Result<()> {
-        let pid = peer_pid(&conn)?;
-        let mut hello = [0u8; HELLO.len()];
-        conn.read_exact(&mut hello)?;
-        if hello != HELLO {
-            return sys::send_fd(conn.as_fd(), b"err protocol: want umn-ebpf 1\n", None);
-        }
-        let nonce = random_nonce()?;
-        let area = match programs.new_area(pid, nonce) {
-            Ok(a) => a,
-            Err(e) => {
-                let msg = format!("err area for pid {pid}: {e}\n");
-                return sys::send_fd(conn.as_fd(), msg.as_bytes(), None);
-            }
-        };
-        let ok = format!("ok {LAYOUT_VERSION} {SLOTS} {nonce:016x}\n");
-        let sent = sys::send_fd(conn.as_fd(), ok.as_bytes(), Some(area.as_fd()));
-        if sent.is_ok() {
-            // The client holds the connection for its life; EOF means it is gone.
-            let mut sink = [0u8; 64];
-            while matches!(conn.read(&mut sink), Ok(n) if n > 0) {}
-        }
-        let _ = programs.remove(pid, nonce);
-        drop(area);
-        sent
     }
 }

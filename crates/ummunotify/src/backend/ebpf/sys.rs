@@ -364,3 +364,45 @@ pub(crate) fn recv_fd(
     }
     Ok((n as usize, fd))
 }
+
+/// `getsockopt(SO_PEERCRED)`: the pid, uid and gid of the process at the other end of a
+/// connected Unix socket, as they were when it connected.
+pub(crate) fn peer_cred(sock: BorrowedFd<'_>) -> io::Result<libc::ucred> {
+    // SAFETY: ucred is plain data; zero is a valid value.
+    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: cred and len are valid for writing the option value.
+    let r = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(cred)
+}
+
+/// The uid of system user `name` (`getpwnam_r`), `None` when there is no such user.
+pub(crate) fn user_uid(name: &str) -> Option<u32> {
+    let name = std::ffi::CString::new(name).ok()?;
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: passwd is plain data; zero is a valid value.
+    let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut out: *mut libc::passwd = std::ptr::null_mut();
+    // SAFETY: every pointer is valid for the call; buf outlives the use of pw's strings (none).
+    let r = unsafe {
+        libc::getpwnam_r(
+            name.as_ptr(),
+            &mut pw,
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            &mut out,
+        )
+    };
+    (r == 0 && !out.is_null()).then_some(pw.pw_uid)
+}
