@@ -711,3 +711,36 @@ pub fn to_svg(rows: &[Row]) -> String {
     }
     s + "</svg>\n"
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// CI greps `"backend": "uffd", "name": "munmap_registered_4k_cold"` (those spaces) and
+    /// docs/DESIGNS.md quotes the output: the bytes are kept.
+    #[test]
+    fn json_is_unchanged() {
+        let rows = vec![
+            Row::new(
+                "uffd",
+                "munmap_registered_4k_cold",
+                1234.5678,
+                "munmap_unregistered_4k",
+                1000.0,
+                "ns",
+            ),
+            Row::new("ucx", "region \"bytes\"", 64.0, "hashmap", 0.333, "bytes"),
+        ];
+        let json = to_json(&rows);
+        assert_eq!(json, GOLDEN, "\n{json}");
+        assert_eq!(to_json(&[]), EMPTY);
+    }
+
+    const GOLDEN: &str = r#"{"results": [
+  {"backend": "uffd", "name": "munmap_registered_4k_cold", "ns_per_op": 1234.57, "baseline": "munmap_unregistered_4k", "baseline_ns": 1000.00, "ratio": 1.235, "unit": "ns"},
+  {"backend": "ucx", "name": "region \"bytes\"", "ns_per_op": 64.00, "baseline": "hashmap", "baseline_ns": 0.33, "ratio": 192.192, "unit": "bytes"}
+]}"#;
+    const EMPTY: &str = r#"{"results": [
+  
+]}"#;
+}

@@ -918,3 +918,28 @@ pub fn to_json(rows: &[Row]) -> String {
         .collect();
     format!("{{\"results\": [\n  {}\n]}}", items.join(",\n  "))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// bench/ucx_compare.sh and docs read this: the bytes are kept.
+    #[test]
+    fn json_is_unchanged() {
+        let rows = vec![
+            row("cache_hit", 12.3456, "hashmap_lookup", 10.0),
+            row("region_bytes", 48.0, "hashmap_cookie_to_range", 96.0),
+        ];
+        let json = to_json(&rows);
+        assert_eq!(json, GOLDEN, "\n{json}");
+        assert_eq!(to_json(&[]), EMPTY);
+    }
+
+    const GOLDEN: &str = r#"{"results": [
+  {"name": "cache_hit", "ns_per_op": 12.35, "baseline": 10.00, "baseline_name": "hashmap_lookup", "ratio": 1.235},
+  {"name": "region_bytes", "ns_per_op": 48.00, "baseline": 96.00, "baseline_name": "hashmap_cookie_to_range", "ratio": 0.500}
+]}"#;
+    const EMPTY: &str = r#"{"results": [
+  
+]}"#;
+}
