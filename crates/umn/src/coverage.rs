@@ -3,11 +3,13 @@
 use std::io;
 use std::process::Command;
 
+use serde::Serialize;
 use ummunotify::{Backend, Cookie, Notifier};
 use ummunotify_testkit::changes::{
-    case_json, json_string, print_child_report, run_case, run_in_child, CaseReport, ChangeKind,
+    print_child_report, run_case, run_in_child, CaseJson, CaseReport, ChangeKind,
 };
 
+use crate::remove_race::RaceJson;
 pub use crate::remove_race::Row as RaceRow;
 use crate::watch::{expects, NotifierWatcher};
 
@@ -153,30 +155,46 @@ pub fn run_all(exe: &std::path::Path, backend: Backend) -> Vec<Row> {
 /// "kinds": [...], ...}, "summary": {"exit_status", "expected", "detected", "failed",
 /// "inconclusive", "missed_as_expected"}}`: each case is the testkit's report
 /// (`ummunotify_testkit::changes::case_json`), `detected` `null` for an inconclusive one; then
-/// the `remove-race` row ([`RaceRow::to_json`]); then what the run means, as the table's closing
+/// the `remove-race` row ([`RaceRow::json`]); then what the run means, as the table's closing
 /// lines say it: a kind in `missed_as_expected` (with its stale uses) is one this backend can not
 /// see, kept in the table, not a failure of the run.
 pub fn to_json(backend: &str, rows: &[Row], race: &RaceRow) -> String {
-    let cases: Vec<String> = rows.iter().map(|r| case_json(&r.report)).collect();
     let sum = Summary::of(rows);
-    let list = |v: &[&str]| {
-        let items: Vec<String> = v.iter().map(|k| json_string(k)).collect();
-        format!("[{}]", items.join(","))
+    let doc = CoverageJson {
+        backend,
+        cases: rows.iter().map(|r| CaseJson::from(&r.report)).collect(),
+        remove_race: race.json(),
+        summary: SummaryJson {
+            exit_status: exit_status(rows, race),
+            expected: sum.expected,
+            detected: sum.detected,
+            failed: sum.failed,
+            inconclusive: sum.inconclusive,
+            missed_as_expected: sum.missed_as_expected,
+        },
     };
-    format!(
-        "{{\"backend\":{},\"cases\":[{}],\"remove_race\":{},\"summary\":{{\"exit_status\":{},\
-         \"expected\":{},\"detected\":{},\"failed\":{},\"inconclusive\":{},\
-         \"missed_as_expected\":{}}}}}",
-        json_string(backend),
-        cases.join(","),
-        race.to_json(),
-        exit_status(rows, race),
-        sum.expected,
-        sum.detected,
-        list(&sum.failed),
-        list(&sum.inconclusive),
-        list(&sum.missed_as_expected)
-    )
+    // Strings, integers, booleans and vectors of them: serializing can not fail.
+    serde_json::to_string(&doc).expect("coverage JSON serializes")
+}
+
+/// `umn coverage --json`'s document, its fields in the order printed.
+#[derive(Serialize)]
+struct CoverageJson<'a> {
+    backend: &'a str,
+    cases: Vec<CaseJson>,
+    remove_race: RaceJson<'a>,
+    summary: SummaryJson<'a>,
+}
+
+/// The JSON's `"summary"`.
+#[derive(Serialize)]
+struct SummaryJson<'a> {
+    exit_status: u8,
+    expected: usize,
+    detected: usize,
+    failed: Vec<&'a str>,
+    inconclusive: Vec<&'a str>,
+    missed_as_expected: Vec<&'a str>,
 }
 
 /// The human form: a table (the `remove-race` row last), then what the run means.

@@ -10,6 +10,7 @@ mod bench_ebpf;
 mod demo;
 mod designs;
 mod floors;
+mod rows_json;
 
 const USAGE: &str = "\
 usage: umn <command>
