@@ -6,6 +6,8 @@ fn umn(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_umn"))
         .args(args)
         .env_remove("UMN_EBPF_SOCKET")
+        // Help wraps at the terminal's width (COLUMNS when not a terminal): a fixed one.
+        .env("COLUMNS", "100")
         .output()
         .expect("run umn")
 }
