@@ -8,6 +8,11 @@
 # DESTDIR is honoured (staged installs). LIBDIR defaults to PREFIX/lib. --from DIR installs the
 # libraries already built in DIR (a cargo profile directory) instead of building release ones.
 # Afterwards: cc prog.c $(pkg-config --cflags --libs ummunotify)
+#
+# Not cargo-c (cargo cinstall): it would replace the dozen install lines of this crate, not the
+# compat preload's (another crate), and it is one more build tool:
+# Debian 12's cargo-c 0.9.14 can not read this workspace (Cargo.lock version 4, [lints]), so it
+# would be `cargo install cargo-c`, a build of cargo itself, on every CI machine and package build.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)

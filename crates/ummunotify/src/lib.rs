@@ -54,6 +54,11 @@
 #![deny(missing_docs)]
 #![cfg_attr(loom, allow(dead_code, unused_imports))]
 
+/// The crate's README (what crates.io shows): its example is compiled with the doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 /// Fuzzing entry point (feature `fuzzing`); not part of the API.
 #[cfg(all(not(loom), any(test, feature = "fuzzing")))]
 #[doc(hidden)]

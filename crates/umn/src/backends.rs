@@ -33,10 +33,10 @@ use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
+use serde::Serialize;
 use ummunotify::cache::{Cache, Config};
 use ummunotify::registrar::NoopRegistrar;
 use ummunotify::{Backend, Cookie, Notifier};
-use ummunotify_testkit::changes::json_string;
 
 use crate::bench::{median, paired, touch, unmap};
 use crate::floors::{self, Floor};
@@ -595,25 +595,36 @@ pub fn run(exe: &std::path::Path, quick: bool) -> Vec<Row> {
     rows
 }
 
-/// `{"results": [{"backend", "name", "ns_per_op", "baseline", "baseline_ns", "ratio", "unit"}]}`.
+/// `{"results": [{"backend", "name", "ns_per_op", "baseline", "baseline_ns", "ratio", "unit"}]}`,
+/// one row per line ([`crate::rows_json`]).
 pub fn to_json(rows: &[Row]) -> String {
-    let items: Vec<String> = rows
+    /// A row as printed: `ratio` (computed) sits between `baseline_ns` and `unit`.
+    #[derive(Serialize)]
+    struct RowJson<'a> {
+        backend: &'a str,
+        name: &'a str,
+        #[serde(serialize_with = "crate::rows_json::fixed2")]
+        ns_per_op: f64,
+        baseline: &'a str,
+        #[serde(serialize_with = "crate::rows_json::fixed2")]
+        baseline_ns: f64,
+        #[serde(serialize_with = "crate::rows_json::fixed3")]
+        ratio: f64,
+        unit: &'a str,
+    }
+    let rows: Vec<RowJson> = rows
         .iter()
-        .map(|r| {
-            format!(
-                "{{\"backend\": {}, \"name\": {}, \"ns_per_op\": {:.2}, \"baseline\": {}, \
-                 \"baseline_ns\": {:.2}, \"ratio\": {:.3}, \"unit\": {}}}",
-                json_string(&r.backend),
-                json_string(&r.name),
-                r.ns_per_op,
-                json_string(&r.baseline),
-                r.baseline_ns,
-                r.ratio(),
-                json_string(r.unit)
-            )
+        .map(|r| RowJson {
+            backend: &r.backend,
+            name: &r.name,
+            ns_per_op: r.ns_per_op,
+            baseline: &r.baseline,
+            baseline_ns: r.baseline_ns,
+            ratio: r.ratio(),
+            unit: r.unit,
         })
         .collect();
-    format!("{{\"results\": [\n  {}\n]}}", items.join(",\n  "))
+    crate::rows_json::results(&rows)
 }
 
 /// The rows as a table: one line per row and backend.
@@ -710,4 +721,37 @@ pub fn to_svg(rows: &[Row]) -> String {
         );
     }
     s + "</svg>\n"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// CI greps `"backend": "uffd", "name": "munmap_registered_4k_cold"` (those spaces) and
+    /// docs/DESIGNS.md quotes the output: the bytes are kept.
+    #[test]
+    fn json_is_unchanged() {
+        let rows = vec![
+            Row::new(
+                "uffd",
+                "munmap_registered_4k_cold",
+                1234.5678,
+                "munmap_unregistered_4k",
+                1000.0,
+                "ns",
+            ),
+            Row::new("ucx", "region \"bytes\"", 64.0, "hashmap", 0.333, "bytes"),
+        ];
+        let json = to_json(&rows);
+        assert_eq!(json, GOLDEN, "\n{json}");
+        assert_eq!(to_json(&[]), EMPTY);
+    }
+
+    const GOLDEN: &str = r#"{"results": [
+  {"backend": "uffd", "name": "munmap_registered_4k_cold", "ns_per_op": 1234.57, "baseline": "munmap_unregistered_4k", "baseline_ns": 1000.00, "ratio": 1.235, "unit": "ns"},
+  {"backend": "ucx", "name": "region \"bytes\"", "ns_per_op": 64.00, "baseline": "hashmap", "baseline_ns": 0.33, "ratio": 192.192, "unit": "bytes"}
+]}"#;
+    const EMPTY: &str = r#"{"results": [
+  
+]}"#;
 }

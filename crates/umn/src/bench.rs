@@ -11,25 +11,28 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Barrier;
 use std::time::Instant;
 
-use ummunotify_testkit::changes::json_string;
+use serde::Serialize;
 
 use ummunotify::cache::{Cache, Config};
 use ummunotify::registrar::{MlockRegistrar, NoopRegistrar, Registrar};
 use ummunotify::{Backend, Cookie, Notifier};
 
-/// One result row.
-#[derive(Debug, Clone)]
+/// One result row (serialized in this field order by `--json`).
+#[derive(Serialize, Debug, Clone)]
 pub struct Row {
     /// Stable name (see the module doc of the command).
     pub name: &'static str,
     /// Cost of one operation, ns (for `cache_hit_2threads_speedup`: ns per op with 2 threads;
     /// for `region_bytes`: bytes of RSS per registered region).
+    #[serde(serialize_with = "crate::rows_json::fixed2")]
     pub ns_per_op: f64,
     /// The baseline's cost, ns (for `region_bytes`: bytes per entry).
+    #[serde(serialize_with = "crate::rows_json::fixed2")]
     pub baseline: f64,
     /// What the baseline is.
     pub baseline_name: &'static str,
     /// `ns_per_op / baseline` (for the speedup row: `baseline / ns_per_op`).
+    #[serde(serialize_with = "crate::rows_json::fixed3")]
     pub ratio: f64,
 }
 
@@ -901,20 +904,33 @@ pub fn to_table(rows: &[Row]) -> String {
     s
 }
 
-/// The rows as `{"results": [{"name", "ns_per_op", "baseline", "baseline_name", "ratio"}]}`.
+/// The rows as `{"results": [{"name", "ns_per_op", "baseline", "baseline_name", "ratio"}]}`, one
+/// row per line ([`crate::rows_json`]).
 pub fn to_json(rows: &[Row]) -> String {
-    let items: Vec<String> = rows
-        .iter()
-        .map(|r| {
-            format!(
-                "{{\"name\": {}, \"ns_per_op\": {:.2}, \"baseline\": {:.2}, \"baseline_name\": {}, \"ratio\": {:.3}}}",
-                json_string(r.name),
-                r.ns_per_op,
-                r.baseline,
-                json_string(r.baseline_name),
-                r.ratio
-            )
-        })
-        .collect();
-    format!("{{\"results\": [\n  {}\n]}}", items.join(",\n  "))
+    crate::rows_json::results(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// bench/ucx_compare.sh and docs read this: the bytes are kept.
+    #[test]
+    fn json_is_unchanged() {
+        let rows = vec![
+            row("cache_hit", 12.3456, "hashmap_lookup", 10.0),
+            row("region_bytes", 48.0, "hashmap_cookie_to_range", 96.0),
+        ];
+        let json = to_json(&rows);
+        assert_eq!(json, GOLDEN, "\n{json}");
+        assert_eq!(to_json(&[]), EMPTY);
+    }
+
+    const GOLDEN: &str = r#"{"results": [
+  {"name": "cache_hit", "ns_per_op": 12.35, "baseline": 10.00, "baseline_name": "hashmap_lookup", "ratio": 1.235},
+  {"name": "region_bytes", "ns_per_op": 48.00, "baseline": 96.00, "baseline_name": "hashmap_cookie_to_range", "ratio": 0.500}
+]}"#;
+    const EMPTY: &str = r#"{"results": [
+  
+]}"#;
 }

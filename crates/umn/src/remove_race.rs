@@ -29,9 +29,10 @@ use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
+use serde::Serialize;
 use ummunotify::registrar::{FixedBuf, IoUringRegistrar, Registrar};
 use ummunotify::{Cookie, Event, Notifier};
-use ummunotify_testkit::changes::{json_string, ChangeKind};
+use ummunotify_testkit::changes::ChangeKind;
 use ummunotify_testkit::remove_race::{read_stamp, stamp, Buffers, Change, RemoveKind, Remover};
 
 /// The hidden subcommand the child runs.
@@ -168,6 +169,36 @@ impl Verdict {
     }
 }
 
+/// The `remove-race` row as JSON ([`Row::json`]), its fields in the order printed.
+#[derive(Debug, Serialize)]
+pub struct RaceJson<'a> {
+    name: &'static str,
+    verdict: &'static str,
+    ms_per_kind: u64,
+    stale: u64,
+    removes_confirmed: u64,
+    removes_by_grace: u64,
+    reason: Option<&'a str>,
+    kinds: Vec<RaceKindJson<'a>>,
+}
+
+/// One kind of the `remove-race` row as JSON.
+#[derive(Debug, Serialize)]
+struct RaceKindJson<'a> {
+    kind: &'a str,
+    /// The backend can see this kind ([`KindResult::unseen`] negated).
+    expected: bool,
+    skipped: Option<&'a str>,
+    exercised: bool,
+    changes: u64,
+    attempts: u64,
+    racing: u64,
+    judged: u64,
+    stale: u64,
+    removes_confirmed: u64,
+    removes_by_grace: u64,
+}
+
 /// The `remove-race` row.
 #[derive(Debug, Clone)]
 pub struct Row {
@@ -213,41 +244,33 @@ impl Row {
     }
 
     /// The row as the JSON object `umn coverage --json` puts under `"remove_race"`.
-    pub fn to_json(&self) -> String {
-        let kinds: Vec<String> = self
-            .kinds
-            .iter()
-            .map(|k| {
-                format!(
-                    "{{\"kind\":{},\"expected\":{},\"skipped\":{},\"exercised\":{},\
-                     \"changes\":{},\"attempts\":{},\"racing\":{},\"judged\":{},\"stale\":{},\
-                     \"removes_confirmed\":{},\"removes_by_grace\":{}}}",
-                    json_string(&k.kind),
-                    !k.unseen,
-                    k.skipped.as_deref().map_or("null".to_owned(), json_string),
-                    k.exercised(),
-                    k.changes,
-                    k.attempts,
-                    k.racing,
-                    k.judged,
-                    k.stale,
-                    k.confirmed,
-                    k.by_grace
-                )
-            })
-            .collect();
-        format!(
-            "{{\"name\":{},\"verdict\":{},\"ms_per_kind\":{},\"stale\":{},\"removes_confirmed\":{},\
-             \"removes_by_grace\":{},\"reason\":{},\"kinds\":[{}]}}",
-            json_string(NAME),
-            json_string(self.verdict().name()),
-            self.ms,
-            self.stale(),
-            self.sum(|k| k.confirmed),
-            self.sum(|k| k.by_grace),
-            self.reason.as_deref().map_or("null".to_owned(), json_string),
-            kinds.join(",")
-        )
+    pub fn json(&self) -> RaceJson<'_> {
+        RaceJson {
+            name: NAME,
+            verdict: self.verdict().name(),
+            ms_per_kind: self.ms,
+            stale: self.stale(),
+            removes_confirmed: self.sum(|k| k.confirmed),
+            removes_by_grace: self.sum(|k| k.by_grace),
+            reason: self.reason.as_deref(),
+            kinds: self
+                .kinds
+                .iter()
+                .map(|k| RaceKindJson {
+                    kind: &k.kind,
+                    expected: !k.unseen,
+                    skipped: k.skipped.as_deref(),
+                    exercised: k.exercised(),
+                    changes: k.changes,
+                    attempts: k.attempts,
+                    racing: k.racing,
+                    judged: k.judged,
+                    stale: k.stale,
+                    removes_confirmed: k.confirmed,
+                    removes_by_grace: k.by_grace,
+                })
+                .collect(),
+        }
     }
 
     /// The row and one line per kind, in the table's columns.

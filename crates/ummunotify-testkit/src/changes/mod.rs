@@ -22,7 +22,7 @@ pub use child::{
     child_case_from_env, print_child_report, run_in_child, CHILD_CASE_ENV, OWN_PROCESS_ENV,
     REPORT_PREFIX,
 };
-pub use json::{case_json, parse_case_json, quote as json_string};
+pub use json::{case_json, parse_case_json, quote as json_string, CaseJson};
 pub use report::CaseReport;
 pub use run::{run_case, TRIES};
 pub use watcher::{NaiveWatcher, WatchError, Watcher};
