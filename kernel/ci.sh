@@ -11,14 +11,17 @@
 # the benchmarks (the C one and `umn designs`), UMN_STORM (regions in `umn designs`' storm,
 # default 100000), UMN_RACE_SECS (seconds per kind of the Rust REMOVE race, default 5),
 # UMN_GUEST_TIMEOUT (seconds per guest, default 900), UMN_PATCHED=0 to skip the second guest,
-# UMN_DEBUG=0 to skip the third, UMN_UFFD_SELFTEST (userfaultfd selftest's MiB,bounces; 4,16).
+# UMN_DEBUG=0 to skip the third, UMN_UFFD_SELFTEST (userfaultfd selftest's MiB,bounces; 4,16),
+# UMN_FUZZ_SECS (the debug guest's fuzzer, default 60), UMN_FUZZ_SEED (default: a fresh
+# random one; printed here and in the log's UMN-FUZZ line).
 #
 # The second guest boots the same initramfs on the same kernel with
 # kernel/patches/uffd-remove-done/ applied (a build of its own, cached next to the stock
 # one): the patch's own test, and the REMOVE stress with no signal help at 0 stale uses; and
 # userfaultfd's own selftest, which must give what it gave in the first guest.
 # The third boots it on the kernel with kernel/debug.config (lockdep, kmemleak, KASAN): the
-# module's tests, with no report from the checkers.
+# module's tests, the per-user accounting test and the random syscall fuzzer (guest/account.c,
+# guest/fuzz.c), with no report from the checkers.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
@@ -83,10 +86,13 @@ gcc "${cflags[@]}" -I kernel/module -I kernel/guest kernel/guest/exact2010.c -o 
 gcc "${cflags[@]}" -I kernel/module kernel/guest/remove_stress.c -o "$out/remove_stress"
 gcc "${cflags[@]}" -I kernel/guest kernel/guest/uffd_remove_done.c -o "$out/uffd_remove_done"
 gcc "${cflags[@]}" -I kernel/module -I kernel/guest kernel/guest/lifecycle.c -o "$out/lifecycle"
+gcc "${cflags[@]}" -I kernel/module -I kernel/guest kernel/guest/account.c -o "$out/account"
+gcc "${cflags[@]}" -I kernel/module -I kernel/guest kernel/guest/fuzz.c -o "$out/fuzz"
 gcc "${cflags[@]}" -I include -I kernel/guest kernel/guest/capi_smoke.c -o "$out/capi_smoke" \
     -L "$rel" -lummunotify -Wl,-rpath,/lib
 progs=("$out/abi2010-suite" "$out/exact2010" "$out/remove_stress" "$out/capi_smoke" \
-    "$out/kernel_backend" "$rel/umn" "$out/remove_race" "$out/uffd_remove_done" "$out/lifecycle")
+    "$out/kernel_backend" "$rel/umn" "$out/remove_race" "$out/uffd_remove_done" "$out/lifecycle"
+    "$out/account" "$out/fuzz")
 # userfaultfd's own selftest (tools/testing/selftests/vm/userfaultfd.c), built as its Makefile
 # does but static, against the tree's own uapi header: "stock" from the stock tree (it runs in
 # both guests: the patched kernel must give the same results), "series" from the patched tree
@@ -175,7 +181,11 @@ fi
 # 8. The debug kernel (issue 24): the module's suite, REMOVE stress and teardown tests under
 # lockdep, kmemleak and KASAN; any report fails.
 if [ -n "$ddir" ]; then
-    boot "$ddir" "$out/guest-debug.log" "umn.phase=debug log_buf_len=4M"
+    # The fuzzer's seed: given, or a fresh one (the guest has no clock worth seeding from).
+    fuzz_seed=${UMN_FUZZ_SEED:-$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')}
+    say "fuzzer: ${UMN_FUZZ_SECS:-60} s, seed $fuzz_seed (again: UMN_FUZZ_SEED=$fuzz_seed)"
+    boot "$ddir" "$out/guest-debug.log" \
+        "umn.phase=debug log_buf_len=4M umn.fuzz=${UMN_FUZZ_SECS:-60} umn.fuzz_seed=$fuzz_seed"
     python3 "$repo/kernel/compare.py" --debug "$out/guest-debug.log.txt" \
         "$repo/kernel/expected-divergences.txt"
 fi

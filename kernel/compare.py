@@ -104,7 +104,7 @@ def parse_log(path):
             dmesg_bad.append(line)
         elif line.startswith("UMN-BENCH "):
             bench.append(line)
-        elif line.startswith("UMN-STRESS "):
+        elif line.startswith(("UMN-STRESS ", "UMN-ACCOUNT ", "UMN-FUZZ ")):
             stress.append(line)
     if cpus < 2:
         # Every concurrency test in the guest (the REMOVE stress, the module's in-progress
@@ -309,7 +309,10 @@ def patched_main(log, stock_log=None):
 
 
 # What the debug guest (kernel/debug.config) runs against the module, and the checkers' words.
-DEBUG_PROGRAMS = PROGRAMS + [("lifecycle", "lifecycle/")]
+# account: the per-user region limit and the memory cgroup's charge (issue 40); fuzz: the random
+# syscall fuzzer as uid 65534 (its seed is printed in a UMN-FUZZ line).
+DEBUG_PROGRAMS = PROGRAMS + [("lifecycle", "lifecycle/"), ("account", "account/"),
+                             ("fuzz", "fuzz/")]
 DEBUG_CHECKERS = ("lockdep", "kmemleak", "kasan")
 DEBUG_REPORT = re.compile(
     r"\bBUG\b|WARNING|Oops|general protection|KASAN|locking correctness|INFO:")

@@ -6,7 +6,11 @@
  * Written for this project from the 2010 user ABI (ummunotify.h); see kernel/README.md for what
  * it keeps of that ABI and where it does better:
  *  - regions live in an interval tree (O(log n + hits) per invalidation, not a list walk);
- *  - at most max_regions regions per open file (module parameter), so memory is bounded;
+ *  - at most max_regions regions per open file and max_regions_per_user per user (module
+ *    parameters; ENOSPC beyond), so memory is bounded per user, not only per descriptor;
+ *  - what a user asks of it is charged to that user's memory cgroup: the per-file context, the
+ *    counter page, the regions (an accounted cache), the slot ids, the slot area and read()'s
+ *    buffer are accounted allocations;
  *  - a per-region validity word in a mapped slot area (one load to check one region);
  *  - a forked child (any other mm) gets EIO from its inherited descriptor, and its view of the
  *    mapped counter has bit 63 set, so it never equals a LAST record;
@@ -19,8 +23,20 @@
  * ctx->setup (a mutex) serialises the one-time notifier registration, which takes the mmap lock
  * inside it: so ctx->setup is never taken with the mmap lock held (mmap() runs with it). The slot
  * area is allocated with no lock held but the caller's and installed under ctx->lock.
+ * umn_users_lock (a spinlock) protects the per-user counts; it is taken alone, never with
+ * ctx->lock, and never on the event path.
+ *
+ * Limits: max_regions (default 131072, read-only: it sizes the slot area) per open file, and
+ * max_regions_per_user (default 4 * 131072, writable by root at run time) over every open file
+ * of one user: the real uid of the opener's credentials (file->f_cred, kept with the file, so a
+ * descriptor passed to another user still counts against the opener). A registration beyond
+ * either limit fails with ENOSPC (the error for a full file) and changes nothing; a region's
+ * count is given back when it is unregistered or its file is released. Lowering the per-user
+ * limit below a user's current count refuses new regions until enough are gone.
  */
+#include <linux/cred.h>
 #include <linux/fs.h>
+#include <linux/hashtable.h>
 #include <linux/idr.h>
 #include <linux/interval_tree.h>
 #include <linux/miscdevice.h>
@@ -43,6 +59,11 @@ static unsigned int max_regions = 1 << 17;
 module_param(max_regions, uint, 0444);
 MODULE_PARM_DESC(max_regions, "regions per open file (ENOSPC beyond), also the slot count");
 
+static unsigned int max_regions_per_user = 4 << 17;
+module_param(max_regions_per_user, uint, 0644);
+MODULE_PARM_DESC(max_regions_per_user,
+		 "regions per user (real uid of the opener) over all open files (ENOSPC beyond)");
+
 #define UMN_EVENT_SIZE sizeof(struct ummunotify_event)
 #define UMN_SLOTS_PGOFF (UMMUNOTIFY_SLOTS_OFFSET >> PAGE_SHIFT)
 #define UMN_ORPHAN_COUNTER (1ULL << 63)
@@ -60,6 +81,17 @@ struct umn_region {
 	bool hint;
 };
 
+/* One per uid with an open file: its region count against max_regions_per_user. */
+struct umn_user {
+	struct hlist_node node;
+	kuid_t uid;
+	unsigned int files;		/* open files of this uid */
+	unsigned int regions;		/* their regions */
+};
+
+static DEFINE_HASHTABLE(umn_users, 6);
+static DEFINE_SPINLOCK(umn_users_lock);
+
 struct umn_ctx {
 	spinlock_t lock;
 	struct rb_root_cached tree;	/* regions by range */
@@ -76,6 +108,7 @@ struct umn_ctx {
 	bool notifier_registered;
 	struct mmu_notifier mn;
 	struct mm_struct *mm;		/* the opener's; mmgrab()ed */
+	struct umn_user *user;		/* the opener's uid: its regions count there */
 	struct ida slot_ida;
 	wait_queue_head_t wait;
 	struct fasync_struct *fasync;
@@ -84,6 +117,65 @@ struct umn_ctx {
 static struct kmem_cache *umn_region_cache;
 static struct page *umn_orphan_counter;	/* what another mm sees at offset 0 */
 static struct page *umn_orphan_slots;	/* ... and in the slot area: all ones */
+
+/* The opener's entry, made on first open by that uid; NULL without memory. */
+static struct umn_user *umn_user_get(kuid_t uid)
+{
+	struct umn_user *u, *fresh;
+
+	fresh = kzalloc(sizeof(*fresh), GFP_KERNEL_ACCOUNT);
+	if (!fresh)
+		return NULL;
+	spin_lock(&umn_users_lock);
+	hash_for_each_possible(umn_users, u, node, __kuid_val(uid)) {
+		if (uid_eq(u->uid, uid)) {
+			u->files++;
+			spin_unlock(&umn_users_lock);
+			kfree(fresh);
+			return u;
+		}
+	}
+	fresh->uid = uid;
+	fresh->files = 1;
+	hash_add(umn_users, &fresh->node, __kuid_val(uid));
+	spin_unlock(&umn_users_lock);
+	return fresh;
+}
+
+/* A file is released with n regions: give them back, and the entry with its last file. */
+static void umn_user_put(struct umn_user *u, unsigned int n)
+{
+	bool last;
+
+	spin_lock(&umn_users_lock);
+	u->regions -= n;
+	last = !--u->files;
+	if (last)
+		hash_del(&u->node);
+	spin_unlock(&umn_users_lock);
+	if (last)
+		kfree(u);
+}
+
+static int umn_user_charge(struct umn_user *u)
+{
+	int err = 0;
+
+	spin_lock(&umn_users_lock);
+	if (u->regions >= READ_ONCE(max_regions_per_user))
+		err = -ENOSPC;
+	else
+		u->regions++;
+	spin_unlock(&umn_users_lock);
+	return err;
+}
+
+static void umn_user_uncharge(struct umn_user *u)
+{
+	spin_lock(&umn_users_lock);
+	u->regions--;
+	spin_unlock(&umn_users_lock);
+}
 
 static size_t umn_slots_bytes(void)
 {
@@ -225,11 +317,17 @@ static int umn_open(struct inode *inode, struct file *file)
 		return -EINVAL;
 	if (!current->mm)
 		return -EINVAL;
-	ctx = kzalloc(sizeof(*ctx), GFP_KERNEL);
+	ctx = kzalloc(sizeof(*ctx), GFP_KERNEL_ACCOUNT);
 	if (!ctx)
 		return -ENOMEM;
-	ctx->counter = (u64 *)get_zeroed_page(GFP_KERNEL);
+	ctx->counter = (u64 *)get_zeroed_page(GFP_KERNEL_ACCOUNT);
 	if (!ctx->counter) {
+		kfree(ctx);
+		return -ENOMEM;
+	}
+	ctx->user = umn_user_get(file->f_cred->uid);
+	if (!ctx->user) {
+		free_page((unsigned long)ctx->counter);
 		kfree(ctx);
 		return -ENOMEM;
 	}
@@ -252,6 +350,7 @@ static int umn_release(struct inode *inode, struct file *file)
 {
 	struct umn_ctx *ctx = file->private_data;
 	struct umn_region *r, *next;
+	unsigned int n = 0;
 
 	/* Waits for callbacks in flight; after it no callback runs. */
 	if (ctx->notifier_registered)
@@ -262,8 +361,10 @@ static int umn_release(struct inode *inode, struct file *file)
 	 */
 	rbtree_postorder_for_each_entry_safe(r, next, &ctx->cookies, by_cookie) {
 		kmem_cache_free(umn_region_cache, r);
+		n++;
 		cond_resched();
 	}
+	umn_user_put(ctx->user, n);
 	ida_destroy(&ctx->slot_ida);
 	vfree(ctx->slots);
 	free_page((unsigned long)ctx->counter);
@@ -325,7 +426,11 @@ static int umn_setup_slots(struct umn_ctx *ctx)
 
 	if (READ_ONCE(ctx->slots))
 		return 0;
-	slots = vmalloc_user(umn_slots_bytes());
+	/*
+	 * Not vmalloc_user(): it can not charge the caller. The pages are handed out by
+	 * umn_fault() (vmalloc_to_page), not remap_vmalloc_range(), so no VM_USERMAP is needed.
+	 */
+	slots = __vmalloc(umn_slots_bytes(), GFP_KERNEL_ACCOUNT | __GFP_ZERO);
 	if (!slots)
 		return -ENOMEM;
 	spin_lock(&ctx->lock);
@@ -379,12 +484,18 @@ static long umn_register(struct umn_ctx *ctx, u64 start, u64 end, u64 cookie, u3
 	err = umn_setup(ctx, true, want_slot);
 	if (err)
 		return err;
+	err = umn_user_charge(ctx->user);
+	if (err)
+		return err;
 	r = kmem_cache_zalloc(umn_region_cache, GFP_KERNEL);
-	if (!r)
+	if (!r) {
+		umn_user_uncharge(ctx->user);
 		return -ENOMEM;
-	id = ida_alloc_max(&ctx->slot_ida, max_regions - 1, GFP_KERNEL);
+	}
+	id = ida_alloc_max(&ctx->slot_ida, max_regions - 1, GFP_KERNEL_ACCOUNT);
 	if (id < 0) {
 		kmem_cache_free(umn_region_cache, r);
+		umn_user_uncharge(ctx->user);
 		return id == -ENOSPC ? -ENOSPC : id;
 	}
 	r->slot = id;
@@ -401,6 +512,7 @@ static long umn_register(struct umn_ctx *ctx, u64 start, u64 end, u64 cookie, u3
 		spin_unlock(&ctx->lock);
 		ida_free(&ctx->slot_ida, id);
 		kmem_cache_free(umn_region_cache, r);
+		umn_user_uncharge(ctx->user);
 		return -EINVAL;
 	}
 	interval_tree_insert(&r->it, &ctx->tree);
@@ -428,6 +540,7 @@ static long umn_unregister(struct umn_ctx *ctx, u64 cookie)
 	spin_unlock(&ctx->lock);
 	ida_free(&ctx->slot_ida, r->slot);
 	kmem_cache_free(umn_region_cache, r);
+	umn_user_uncharge(ctx->user);
 	return 0;
 }
 
@@ -546,7 +659,7 @@ static ssize_t umn_read(struct file *file, char __user *buf, size_t count, loff_
 	if (count < UMN_EVENT_SIZE)
 		return -EINVAL;
 	n = min_t(size_t, count, PAGE_SIZE) / UMN_EVENT_SIZE;
-	ev = kmalloc_array(n, UMN_EVENT_SIZE, GFP_KERNEL);
+	ev = kmalloc_array(n, UMN_EVENT_SIZE, GFP_KERNEL_ACCOUNT);
 	if (!ev)
 		return -ENOMEM;
 	for (;;) {
@@ -713,7 +826,8 @@ static int __init umn_init(void)
 
 	if (!max_regions || max_regions > (1U << 30))
 		return -EINVAL;
-	umn_region_cache = KMEM_CACHE(umn_region, 0);
+	/* SLAB_ACCOUNT: every region is charged to the memory cgroup of the task registering it. */
+	umn_region_cache = KMEM_CACHE(umn_region, SLAB_ACCOUNT);
 	if (!umn_region_cache)
 		return -ENOMEM;
 	umn_orphan_counter = alloc_page(GFP_KERNEL | __GFP_ZERO);

@@ -27,8 +27,9 @@
 //!
 //! Differences from the user-space backends, all the module's: any range may be registered,
 //! mapped or not (the 2010 ABI; an unmapped range is invalidated when something is mapped and
-//! changed there, not refused with `Unmapped`); the region limit is the module's `max_regions`
-//! per open file (`ENOSPC`, reported as [`Error::CoverageLimit`]); a forked child's descriptor
+//! changed there, not refused with `Unmapped`); the region limits are the module's
+//! `max_regions` per open file and `max_regions_per_user` over a user's open files (`ENOSPC`,
+//! reported as [`Error::CoverageLimit`]); a forked child's descriptor
 //! answers `EIO` ([`Error::Forked`]) and its view of the words never matches a generation.
 #![allow(unsafe_code)] // The module's mapped counter and slot words are read as atomics.
 
