@@ -728,7 +728,9 @@ fn miss_vs_floor(
                 &mut q,
             )
         };
-        if rc != 0 {
+        // ENOTTY: a kernel before 6.11 (or `umn no-procmap-query`): the floor's third call is
+        // the failing ioctl, which the library's misses then no longer make.
+        if rc != 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::ENOTTY) {
             return Err(format!(
                 "PROCMAP_QUERY (Linux 6.11+): {}",
                 std::io::Error::last_os_error()
@@ -917,4 +919,58 @@ pub fn to_json(rows: &[Row]) -> String {
         })
         .collect();
     format!("{{\"results\": [\n  {}\n]}}", items.join(",\n  "))
+}
+
+/// `--mappings N` out of the bench's arguments: `N` (0 without it) and the other arguments;
+/// `None` if `N` is missing or not a number.
+pub(crate) fn mappings_arg<'a>(args: &[&'a str]) -> Option<(usize, Vec<&'a str>)> {
+    let mut n = 0;
+    let mut rest = Vec::new();
+    let mut it = args.iter();
+    while let Some(&a) = it.next() {
+        if a == "--mappings" {
+            n = it.next()?.parse().ok()?;
+        } else {
+            rest.push(a);
+        }
+    }
+    Some((n, rest))
+}
+
+/// `n` extra mappings (VMAs) in the process while it lives: one mapping of `n` pages whose
+/// every other page is made read-only, so the kernel keeps `n` VMAs, read-only and read-write
+/// in turn (neighbours with different protections never merge). What a miss costs as
+/// the process's mappings grow (issue 41): without `PROCMAP_QUERY`, a lookup that reads
+/// `/proc/self/maps` grows with them.
+pub(crate) struct ExtraMappings {
+    addr: usize,
+    len: usize,
+}
+
+impl ExtraMappings {
+    pub(crate) fn new(n: usize) -> ExtraMappings {
+        if n == 0 {
+            return ExtraMappings { addr: 0, len: 0 };
+        }
+        let pg = page();
+        let len = n * pg;
+        let addr = map(len, 0);
+        for i in (1..n).step_by(2) {
+            // SAFETY: changes the protection of a page of our own mapping (never touched).
+            let rc = unsafe {
+                libc::mprotect((addr + i * pg) as *mut libc::c_void, pg, libc::PROT_READ)
+            };
+            assert_eq!(rc, 0, "mprotect: {}", std::io::Error::last_os_error());
+        }
+        eprintln!("{n} extra mappings in the process");
+        ExtraMappings { addr, len }
+    }
+}
+
+impl Drop for ExtraMappings {
+    fn drop(&mut self) {
+        if self.len > 0 {
+            unmap(self.addr, self.len);
+        }
+    }
 }

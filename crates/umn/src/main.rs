@@ -38,13 +38,17 @@ commands:
                      madvise of a registered and an unregistered page, the check, register +
                      unregister, a storm of N regions, each as a ratio to a baseline measured
                      in the same process just before (TSC ticks; for the guest of kernel/ci.sh)
-  bench [--json] [--ebpf | --miss]
+  bench [--json] [--ebpf | --miss] [--mappings N]
                      cache and notifier costs as ratios to baselines measured in the same run
                      (build with --release); --ebpf: only the eBPF backend's rows (root);
                      --miss: only the cache miss against its kernel floor, 10 rounds, on
                      userfaultfd, then on hybrid (issue 23), each followed by the
                      notifier's registration alone against the same floor;
-                     each backend's munmap/madvise costs: bench --backends
+                     each backend's munmap/madvise costs: bench --backends;
+                     --mappings N: N more mappings (VMAs) in the process first (issue 41)
+  no-procmap-query [--] CMD [ARGS...]
+                     run CMD with the PROCMAP_QUERY ioctl answered ENOTTY by a seccomp filter,
+                     as a kernel before 6.11 answers it: the library's fallback paths
   bench --backends [--json] [--svg FILE]
                      every backend that starts here (and UCX 1.22's hooks + rcache) side by
                      side, each against its own baselines, in one run; --svg writes the plot
@@ -219,11 +223,21 @@ fn main() -> ExitCode {
             }
             Err(_) => ExitCode::from(2),
         },
+        ["no-procmap-query", cmd @ ..] if !cmd.is_empty() => {
+            let cmd = if cmd[0] == "--" { &cmd[1..] } else { cmd };
+            let e = umn::no_procmap_query::exec(cmd);
+            eprintln!("umn no-procmap-query: {e}");
+            ExitCode::from(2)
+        }
         ["bench", rest @ ..]
-            if rest
-                .iter()
-                .all(|a| matches!(*a, "--json" | "--quick" | "--ebpf" | "--miss")) =>
+            if bench::mappings_arg(rest).is_some_and(|(_, rest)| {
+                rest.iter()
+                    .all(|a| matches!(*a, "--json" | "--quick" | "--ebpf" | "--miss"))
+            }) =>
         {
+            let (mappings, rest) = bench::mappings_arg(rest).expect("matched above");
+            let rest = &rest[..];
+            let _extra = bench::ExtraMappings::new(mappings);
             let quick = rest.contains(&"--quick");
             let result = if rest.contains(&"--ebpf") {
                 bench_ebpf::rows(if quick { 200 } else { 2_000 })

@@ -71,6 +71,10 @@ impl Watcher for HybridWatcher {
         self.uffd.unwatch(start, end);
     }
 
+    fn maybe_shared(&self, start: u64, end: u64) -> Option<bool> {
+        self.uffd.maybe_shared(start, end)
+    }
+
     fn splits_vmas(&self) -> bool {
         true
     }

@@ -204,11 +204,16 @@ impl Shared {
             return None;
         }
         // A lookup that fails counts as shared: a window costs a wait, a missing one a stale pin.
-        let shared = shared.unwrap_or_else(|| {
-            reg.budget
-                .vmas()
-                .map_or(true, |v| v.any_shared(start, end).unwrap_or(true))
-        });
+        // The backend first (two ioctls, O(log VMAs), where `PROCMAP_QUERY` is missing or the
+        // range takes several VMAs), then the mapping list (which reads all of
+        // /proc/self/maps per call without `PROCMAP_QUERY`: issue 41).
+        let shared = shared
+            .or_else(|| self.watcher.maybe_shared(start, end))
+            .unwrap_or_else(|| {
+                reg.budget
+                    .vmas()
+                    .map_or(true, |v| v.any_shared(start, end).unwrap_or(true))
+            });
         shared.then(|| {
             self.lock_index_blocked()
                 .st

@@ -33,6 +33,8 @@ pub(crate) struct Uffd {
     closed: AtomicBool,
     features: u64,
     how: &'static str,
+    /// Only private anonymous memory can be registered in write-protect mode here.
+    anonymous_only: bool,
 }
 
 /// Opens a context the first way that works: the syscall, the syscall with
@@ -101,6 +103,7 @@ impl Uffd {
             closed: AtomicBool::new(false),
             features: wanted,
             how,
+            anonymous_only: offered & (feature::WP_ASYNC | feature::WP_HUGETLBFS_SHMEM) == 0,
         })
     }
 
@@ -112,6 +115,23 @@ impl Uffd {
     /// Stops watching `[start, end)`.
     pub(crate) fn unwatch(&self, start: u64, end: u64) -> io::Result<()> {
         sys::unregister(self.fd.as_fd(), start, end - start)
+    }
+
+    /// Whether the VMA holding `[start, end)`, which this context watches, is anything but
+    /// private anonymous memory (see [`sys::anonymous_probe`]); `None` when unknown. Where
+    /// write-protect registration works only on anonymous memory (no `WP_ASYNC`, no
+    /// `WP_HUGETLBFS_SHMEM`: Linux 5.7 to 5.19, and later kernels built without
+    /// `CONFIG_PTE_MARKER_UFFD_WP`), a watch that succeeded says so already: no call at all.
+    pub(crate) fn maybe_shared(&self, start: u64, end: u64) -> Option<bool> {
+        if self.anonymous_only {
+            return Some(false);
+        }
+        sys::anonymous_probe(
+            self.fd.as_fd(),
+            start,
+            end - start,
+            crate::sys::page_size() as u64,
+        )
     }
 
     /// Whether file-backed and shm mappings can be watched.
@@ -383,6 +403,11 @@ impl Watches {
         }
     }
 
+    /// Calls `f` for each part of `[start, end)` that `at` watches.
+    fn covered_by(&self, at: usize, start: u64, end: u64, f: impl FnMut(u64, u64)) {
+        self.sets[at].for_each_covered(start, end, f);
+    }
+
     /// `at` watches `[start, end)` now.
     fn add(&mut self, at: usize, start: u64, end: u64) {
         let filled = self.sets[at].fill(start, end);
@@ -461,6 +486,19 @@ impl Watcher for UffdWatcher {
         self.ctx.inner.uffd.watch(start, end).map_err(watch_error)?;
         w.add(self.at, start, end);
         Ok(())
+    }
+
+    fn maybe_shared(&self, start: u64, end: u64) -> Option<bool> {
+        // Only pages this watcher watches: the probe's ioctls must never touch pages another
+        // library's userfaultfd context owns (the hybrid's hooks-only ranges).
+        let mut watched = 0;
+        self.ctx
+            .watches()
+            .covered_by(self.at, start, end, |s, e| watched += e - s);
+        if watched != end - start {
+            return None;
+        }
+        self.ctx.inner.uffd.maybe_shared(start, end)
     }
 
     fn unwatch(&self, start: u64, end: u64) {
