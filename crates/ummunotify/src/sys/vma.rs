@@ -58,6 +58,11 @@ impl Vmas {
         Ok(v)
     }
 
+    /// Whether `PROCMAP_QUERY` works here (Linux 6.11+, not filtered).
+    pub(crate) fn has_query(&self) -> bool {
+        self.query
+    }
+
     /// The first VMA ending above `addr` (covering it or after it), if any.
     fn query_at(&self, addr: u64) -> io::Result<Option<(u64, u64)>> {
         Ok(self.query_shared_at(addr)?.map(|(s, e, _)| (s, e)))
