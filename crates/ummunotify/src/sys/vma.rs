@@ -3,7 +3,16 @@
 //! over its VMA budget a region is watched as the whole VMAs it lies in, which splits nothing.
 //!
 //! Lookups use the `PROCMAP_QUERY` ioctl on `/proc/self/maps` (Linux 6.11+, O(log n) per
-//! query) and fall back to reading `/proc/self/maps` where the kernel lacks it.
+//! query) and fall back to reading `/proc/self/maps` where the kernel lacks it: O(VMAs) per call,
+//! so no per-miss path may need that fallback (issue 41). Who asks what, and how each is
+//! answered without `PROCMAP_QUERY` (docs/architecture/regions.md, "Every VMA lookup"):
+//! - the fresh-watch window's "is it shared": the backend first (`Watcher::maybe_shared`:
+//!   userfaultfd ioctls, O(log VMAs)), this file's `any_shared` only when that can not tell;
+//! - "still mapped after the watch": `covering`, else `sys::is_mapped` (`msync`, O(pages));
+//! - the mapped parts of a range with holes: `for_each_mapped`, page by page up to
+//!   `Vmas::PAGE_WALK` pages;
+//! - the whole VMAs of a widened watch (`extent`): the file, only past the VMA budget;
+//! - the VMA budget's `count`: the file, amortized over 1/64 of the budget's changes.
 #![allow(unsafe_code)] // One ioctl with a kernel-defined struct.
 
 use std::fs::File;
@@ -157,7 +166,7 @@ impl Vmas {
 
     /// Ranges of at most this many pages are walked page by page where `PROCMAP_QUERY` is
     /// missing (an `msync` each, about 0.4 µs) rather than by reading all of `/proc/self/maps`.
-    const PAGE_WALK: u64 = 256;
+    pub(crate) const PAGE_WALK: u64 = 256;
 
     /// Calls `f(s, e)` for each mapped part of `[start, end)` (VMAs clipped to it, in address
     /// order; adjacent VMAs are separate parts, except where `PROCMAP_QUERY` is missing and the
