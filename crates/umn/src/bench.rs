@@ -731,7 +731,9 @@ fn miss_vs_floor(
                 &mut q,
             )
         };
-        if rc != 0 {
+        // ENOTTY: a kernel before 6.11 (or `umn no-procmap-query`): the floor's third call is
+        // the failing ioctl, which the library's misses then no longer make.
+        if rc != 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::ENOTTY) {
             return Err(format!(
                 "PROCMAP_QUERY (Linux 6.11+): {}",
                 std::io::Error::last_os_error()
@@ -908,6 +910,44 @@ pub fn to_table(rows: &[Row]) -> String {
 /// row per line ([`crate::rows_json`]).
 pub fn to_json(rows: &[Row]) -> String {
     crate::rows_json::results(rows)
+}
+
+/// `n` extra mappings (VMAs) in the process while it lives: one mapping of `n` pages whose
+/// every other page is made read-only, so the kernel keeps `n` VMAs, read-only and read-write
+/// in turn (neighbours with different protections never merge). What a miss costs as
+/// the process's mappings grow (issue 41): without `PROCMAP_QUERY`, a lookup that reads
+/// `/proc/self/maps` grows with them.
+pub(crate) struct ExtraMappings {
+    addr: usize,
+    len: usize,
+}
+
+impl ExtraMappings {
+    pub(crate) fn new(n: usize) -> ExtraMappings {
+        if n == 0 {
+            return ExtraMappings { addr: 0, len: 0 };
+        }
+        let pg = page();
+        let len = n * pg;
+        let addr = map(len, 0);
+        for i in (1..n).step_by(2) {
+            // SAFETY: changes the protection of a page of our own mapping (never touched).
+            let rc = unsafe {
+                libc::mprotect((addr + i * pg) as *mut libc::c_void, pg, libc::PROT_READ)
+            };
+            assert_eq!(rc, 0, "mprotect: {}", std::io::Error::last_os_error());
+        }
+        eprintln!("{n} extra mappings in the process");
+        ExtraMappings { addr, len }
+    }
+}
+
+impl Drop for ExtraMappings {
+    fn drop(&mut self) {
+        if self.len > 0 {
+            unmap(self.addr, self.len);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -81,6 +81,15 @@ pub enum Command {
     ///
     /// man ./umn.1 reads it in place; packages install the pages into /usr/share/man/man1.
     Man(ManArgs),
+    /// Run CMD with the PROCMAP_QUERY ioctl answered ENOTTY by a seccomp filter, as a kernel
+    /// before 6.11 answers it: the library's fallback paths (issue 41).
+    ///
+    /// The filter is inherited by CMD's threads and children and across exec.
+    NoProcmapQuery {
+        /// The command and its arguments.
+        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+        cmd: Vec<String>,
+    },
     /// A coverage case in this process (the case is named by UMN_TESTKIT_CASE).
     #[command(name = umn::coverage::CHILD_SUBCOMMAND, hide = true)]
     CoverageCase,
@@ -220,6 +229,15 @@ pub struct BenchArgs {
     /// With --backends: also write the plot as SVG to FILE.
     #[arg(long, value_name = "FILE", requires = "backends")]
     pub svg: Option<PathBuf>,
+    /// N more mappings (VMAs) in the process first: what a miss costs as the process's
+    /// mappings grow (issue 41). Not with --backends (each backend runs in a process of its own).
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 0,
+        conflicts_with = "backends"
+    )]
+    pub mappings: usize,
 }
 
 /// `umn man`'s options.

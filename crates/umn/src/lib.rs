@@ -10,5 +10,6 @@
 
 pub mod coverage;
 pub mod doctor;
+pub mod no_procmap_query;
 pub mod remove_race;
 pub mod watch;

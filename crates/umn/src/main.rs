@@ -61,6 +61,12 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Man(args) => run_man(&args),
+        Command::NoProcmapQuery { cmd } => {
+            let cmd: Vec<&str> = cmd.iter().map(String::as_str).collect();
+            let e = umn::no_procmap_query::exec(&cmd);
+            eprintln!("umn no-procmap-query: {e}");
+            ExitCode::from(2)
+        }
         Command::CoverageCase => match ummunotify_testkit::changes::child_case_from_env() {
             Some(kind) => {
                 coverage::child_main(kind);
@@ -141,6 +147,7 @@ fn run_bench_backends(args: &BenchArgs) -> ExitCode {
 
 /// `umn bench` (and `--ebpf`, `--miss`).
 fn run_bench(args: &BenchArgs) -> ExitCode {
+    let _extra = bench::ExtraMappings::new(args.mappings);
     let result = if args.ebpf {
         bench_ebpf::rows(if args.quick { 200 } else { 2_000 })
     } else if args.miss {

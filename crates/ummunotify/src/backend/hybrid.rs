@@ -71,6 +71,16 @@ impl Watcher for HybridWatcher {
         self.uffd.unwatch(start, end);
     }
 
+    fn maybe_shared(&self, start: u64, end: u64) -> Option<bool> {
+        // Once the hooks took a watch alone, another library's context may own pages this
+        // watcher's count still holds (watched before an unmap): the probe's ioctls must never
+        // touch those, so the core looks in the mapping list instead.
+        if self.hooks_only.load(Relaxed) > 0 {
+            return None;
+        }
+        self.uffd.maybe_shared(start, end)
+    }
+
     fn splits_vmas(&self) -> bool {
         true
     }

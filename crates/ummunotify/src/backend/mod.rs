@@ -210,6 +210,13 @@ pub(crate) trait Watcher: Send + Sync {
     /// Whether a watch splits the VMA it lies in (so the watch policy's VMA budget applies).
     fn splits_vmas(&self) -> bool;
 
+    /// Whether `[start, end)`, just watched, may hold shared memory (the fresh-watch window's
+    /// question), when the backend can tell without `/proc/self/maps`: `Some(false)` only when
+    /// it is sure there is none. `None`: not known (the core looks it up). Issue 41.
+    fn maybe_shared(&self, _start: u64, _end: u64) -> Option<bool> {
+        None
+    }
+
     /// Whether the core may skip the watch call for a registration over pages this notifier
     /// counts, with no unmap of them delivered since (issue 12: no syscall for the watch on a
     /// cache miss over watched pages). That needs every unmap of a watched page to be delivered

@@ -204,17 +204,42 @@ impl Shared {
             return None;
         }
         // A lookup that fails counts as shared: a window costs a wait, a missing one a stale pin.
-        let shared = shared.unwrap_or_else(|| {
-            reg.budget
-                .vmas()
-                .map_or(true, |v| v.any_shared(start, end).unwrap_or(true))
-        });
+        // The backend first (two ioctls, O(log VMAs), where `PROCMAP_QUERY` is missing or the
+        // range takes several VMAs), then the mapping list (which reads all of
+        // /proc/self/maps per call without `PROCMAP_QUERY`: issue 41).
+        let shared = shared
+            .or_else(|| self.watcher.maybe_shared(start, end))
+            .or_else(|| self.maybe_shared_by_runs(reg, start, end))
+            .unwrap_or_else(|| {
+                reg.budget
+                    .vmas()
+                    .map_or(true, |v| v.any_shared(start, end).unwrap_or(true))
+            });
         shared.then(|| {
             self.lock_index_blocked()
                 .st
                 .inflight
                 .record_fresh(start, end)
         })
+    }
+
+    /// Where `PROCMAP_QUERY` is missing: the backend's answer for each mapped run of a small
+    /// range (a re-arm or `register_any` with holes, a range unmapped since: no run, nothing
+    /// shared), so that such ranges do not read all of `/proc/self/maps` either (issue 41).
+    /// `None`: not known.
+    fn maybe_shared_by_runs(&self, reg: &mut Registry, start: u64, end: u64) -> Option<bool> {
+        let v = reg.budget.vmas().ok()?;
+        if v.has_query() {
+            return None;
+        }
+        let mut answer = Some(false);
+        v.for_each_mapped(start, end, |s, e| {
+            if answer == Some(false) {
+                answer = self.watcher.maybe_shared(s, e);
+            }
+        })
+        .ok()?;
+        answer
     }
 
     /// [`Notifier::mapped`]'s fresh-watch window over `[start, end)`, just watched (registry lock

@@ -3,7 +3,16 @@
 //! over its VMA budget a region is watched as the whole VMAs it lies in, which splits nothing.
 //!
 //! Lookups use the `PROCMAP_QUERY` ioctl on `/proc/self/maps` (Linux 6.11+, O(log n) per
-//! query) and fall back to reading `/proc/self/maps` where the kernel lacks it.
+//! query) and fall back to reading `/proc/self/maps` where the kernel lacks it: O(VMAs) per call,
+//! so no per-miss path may need that fallback (issue 41). Who asks what, and how each is
+//! answered without `PROCMAP_QUERY` (docs/architecture/regions.md, "Every VMA lookup"):
+//! - the fresh-watch window's "is it shared": the backend first (`Watcher::maybe_shared`:
+//!   userfaultfd ioctls, O(log VMAs)), this file's `any_shared` only when that can not tell;
+//! - "still mapped after the watch": `covering`, else `sys::is_mapped` (`msync`, O(pages));
+//! - the mapped parts of a range with holes: `for_each_mapped`, page by page up to
+//!   `Vmas::PAGE_WALK` pages;
+//! - the whole VMAs of a widened watch (`extent`): the file, only past the VMA budget;
+//! - the VMA budget's `count`: the file, amortized over 1/64 of the budget's changes.
 #![allow(unsafe_code)] // One ioctl with a kernel-defined struct.
 
 use std::fs::File;
@@ -56,6 +65,11 @@ impl Vmas {
         // A probe on the lowest address: any process has some mapping above it.
         v.query = v.query_at(0).is_ok();
         Ok(v)
+    }
+
+    /// Whether `PROCMAP_QUERY` works here (Linux 6.11+, not filtered).
+    pub(crate) fn has_query(&self) -> bool {
+        self.query
     }
 
     /// The first VMA ending above `addr` (covering it or after it), if any.
@@ -150,8 +164,13 @@ impl Vmas {
         Ok(false)
     }
 
+    /// Ranges of at most this many pages are walked page by page where `PROCMAP_QUERY` is
+    /// missing (an `msync` each, about 0.4 µs) rather than by reading all of `/proc/self/maps`.
+    pub(crate) const PAGE_WALK: u64 = 256;
+
     /// Calls `f(s, e)` for each mapped part of `[start, end)` (VMAs clipped to it, in address
-    /// order; adjacent VMAs are separate parts). Returns whether the parts cover the range (no
+    /// order; adjacent VMAs are separate parts, except where `PROCMAP_QUERY` is missing and the
+    /// range is small: then mapped runs). Returns whether the parts cover the range (no
     /// hole). No allocation where `PROCMAP_QUERY` works.
     pub(crate) fn for_each_mapped(
         &self,
@@ -177,6 +196,30 @@ impl Vmas {
                     Some((s, e)) if s < end => part(s, e, &mut pos),
                     _ => break,
                 }
+            }
+        } else if (end - start) / super::page_size() as u64 <= Self::PAGE_WALK {
+            // A small range (a re-arm after an unmap, a `register_any` with a hole): one `msync`
+            // per page (`ENOMEM`: not mapped) finds its mapped runs in O(pages), not the whole
+            // file per call (issue 41; 500,000 re-arms after one munmap read it 500,000 times).
+            // A run may span several VMAs: a watch of it covers them all the same.
+            let pg = super::page_size() as u64;
+            let mut run: Option<u64> = None;
+            let mut at = start & !(pg - 1);
+            while at < end {
+                let next = (at + pg).min(end);
+                let mapped = super::is_mapped(at as usize, next as usize)?;
+                match (mapped, run) {
+                    (true, None) => run = Some(at),
+                    (false, Some(s)) => {
+                        part(s, at, &mut pos);
+                        run = None;
+                    }
+                    _ => {}
+                }
+                at = next;
+            }
+            if let Some(s) = run {
+                part(s, end, &mut pos);
             }
         } else {
             for (s, e) in Self::all()?.into_iter().filter(|&(_, e)| e > start) {
@@ -339,12 +382,27 @@ mod tests {
                 .for_each_mapped(p + 10, p + 3 * pg, |s, e| parts.push((s, e)))
                 .unwrap();
             assert!(!whole);
-            assert_eq!(parts, [(p + 10, p + pg), (p + pg, p + 2 * pg)]);
+            if v.query {
+                assert_eq!(parts, [(p + 10, p + pg), (p + pg, p + 2 * pg)]);
+            } else {
+                // Without PROCMAP_QUERY a small range is walked page by page: mapped runs.
+                assert_eq!(parts, [(p + 10, p + 2 * pg)]);
+            }
             parts.clear();
             assert!(v
                 .for_each_mapped(p, p + 2 * pg, |s, e| parts.push((s, e)))
                 .unwrap());
-            assert_eq!(parts, [(p, p + pg), (p + pg, p + 2 * pg)]);
+            if v.query {
+                assert_eq!(parts, [(p, p + pg), (p + pg, p + 2 * pg)]);
+            } else {
+                assert_eq!(parts, [(p, p + 2 * pg)]);
+            }
+            parts.clear();
+            // Wholly unmapped: no part, not whole.
+            assert!(!v
+                .for_each_mapped(p + 2 * pg, p + 3 * pg, |s, e| parts.push((s, e)))
+                .unwrap());
+            assert!(parts.is_empty());
         }
         // SAFETY: our own mapping.
         unsafe { libc::munmap(base as *mut libc::c_void, (5 * pg) as usize) };

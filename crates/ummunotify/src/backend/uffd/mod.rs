@@ -33,6 +33,8 @@ pub(crate) struct Uffd {
     closed: AtomicBool,
     features: u64,
     how: &'static str,
+    /// Only private anonymous memory can be registered in write-protect mode here.
+    anonymous_only: bool,
 }
 
 /// Opens a context the first way that works: the syscall, the syscall with
@@ -101,6 +103,7 @@ impl Uffd {
             closed: AtomicBool::new(false),
             features: wanted,
             how,
+            anonymous_only: offered & (feature::WP_ASYNC | feature::WP_HUGETLBFS_SHMEM) == 0,
         })
     }
 
@@ -112,6 +115,23 @@ impl Uffd {
     /// Stops watching `[start, end)`.
     pub(crate) fn unwatch(&self, start: u64, end: u64) -> io::Result<()> {
         sys::unregister(self.fd.as_fd(), start, end - start)
+    }
+
+    /// Whether the VMA holding `[start, end)`, which this context watches, is anything but
+    /// private anonymous memory (see [`sys::anonymous_probe`]); `None` when unknown. Where
+    /// write-protect registration works only on anonymous memory (no `WP_ASYNC`, no
+    /// `WP_HUGETLBFS_SHMEM`: Linux 5.7 to 5.19, and later kernels built without
+    /// `CONFIG_PTE_MARKER_UFFD_WP`), a watch that succeeded says so already: no call at all.
+    pub(crate) fn maybe_shared(&self, start: u64, end: u64) -> Option<bool> {
+        if self.anonymous_only {
+            return Some(false);
+        }
+        sys::anonymous_probe(
+            self.fd.as_fd(),
+            start,
+            end - start,
+            crate::sys::page_size() as u64,
+        )
     }
 
     /// Whether file-backed and shm mappings can be watched.
@@ -382,6 +402,11 @@ impl Watches {
         }
     }
 
+    /// Calls `f` for each part of `[start, end)` that `at` watches.
+    fn covered_by(&self, at: usize, start: u64, end: u64, f: impl FnMut(u64, u64)) {
+        self.sets[at].for_each_covered(start, end, f);
+    }
+
     /// `at` watches `[start, end)` now.
     fn add(&mut self, at: usize, start: u64, end: u64) {
         let filled = self.sets[at].fill(start, end);
@@ -460,6 +485,19 @@ impl Watcher for UffdWatcher {
         self.ctx.inner.uffd.watch(start, end).map_err(watch_error)?;
         w.add(self.at, start, end);
         Ok(())
+    }
+
+    fn maybe_shared(&self, start: u64, end: u64) -> Option<bool> {
+        // Only pages this watcher watches: the probe's ioctls must never touch pages another
+        // library's userfaultfd context owns (the hybrid's hooks-only ranges).
+        let mut watched = 0;
+        self.ctx
+            .watches()
+            .covered_by(self.at, start, end, |s, e| watched += e - s);
+        if watched != end - start {
+            return None;
+        }
+        self.ctx.inner.uffd.maybe_shared(start, end)
     }
 
     fn unwatch(&self, start: u64, end: u64) {
@@ -629,6 +667,25 @@ pub(crate) fn probe() -> BackendReport {
                 .unwrap_or(libc::SIGRTMAX() - crate::inflight::SIGNAL_OFFSET)
         ),
     });
+    let query = crate::sys::vma::Vmas::open().is_ok_and(|v| v.has_query());
+    notes.push(if query {
+        "PROCMAP_QUERY works: a watch's shared-memory check is one ioctl".to_owned()
+    } else {
+        {
+            let anon_only = Uffd::open().is_ok_and(|u| u.anonymous_only);
+            format!(
+                "no PROCMAP_QUERY (Linux < 6.11): a watch's shared-memory check is {} (issue 41); \
+                 over the VMA budget, and for ranges with holes, each VMA lookup reads all of \
+                 /proc/self/maps (about 0.3 µs per VMA the process has)",
+                if anon_only {
+                    "free: only anonymous memory can be watched here"
+                } else {
+                    "UFFDIO_CONTINUE + UFFDIO_ZEROPAGE, O(log VMAs); ranges over several VMAs \
+                     read all of /proc/self/maps"
+                }
+            )
+        }
+    });
     let max = crate::sys::vma::max_map_count();
     let vmas = crate::sys::vma::count().map_or("?".to_owned(), |n| n.to_string());
     notes.push(format!(
@@ -642,5 +699,123 @@ pub(crate) fn probe() -> BackendReport {
         status,
         kernel_features,
         notes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(flags: libc::c_int, fd: libc::c_int) -> u64 {
+        // SAFETY: a fresh mapping at an address the kernel picks; only this test uses it.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                2 * 4096,
+                libc::PROT_READ | libc::PROT_WRITE,
+                flags,
+                fd,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        p as u64
+    }
+
+    /// The probe that replaces `/proc/self/maps` for the fresh-watch window (issue 41) tells
+    /// private anonymous memory from shmem (`MAP_SHARED` anonymous, memfd shared or private)
+    /// and from a file on disk, populated or not; and the second registered VMA after a first
+    /// one is "not known", never "anonymous".
+    #[test]
+    fn anonymous_probe_tells_mappings_apart() {
+        let Ok(u) = Uffd::open() else {
+            eprintln!("SKIP: no userfaultfd here");
+            return;
+        };
+        let pg = crate::sys::page_size() as u64;
+        // SAFETY: memfd_create with a literal name.
+        let memfd = unsafe { libc::memfd_create(c"probe".as_ptr(), 0) };
+        assert!(memfd >= 0);
+        // SAFETY: sizes our own memfd.
+        assert_eq!(unsafe { libc::ftruncate(memfd, 2 * pg as i64) }, 0);
+        let path = std::env::temp_dir().join(format!("umn-probe-{}", std::process::id()));
+        let file = std::fs::File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        file.set_len(2 * pg).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let ffd = std::os::fd::AsRawFd::as_raw_fd(&file);
+        let cases = [
+            (
+                "private anonymous",
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                false,
+            ),
+            (
+                "shared anonymous",
+                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+                -1,
+                true,
+            ),
+            ("memfd shared", libc::MAP_SHARED, memfd, true),
+            ("memfd private", libc::MAP_PRIVATE, memfd, true),
+            ("file shared", libc::MAP_SHARED, ffd, true),
+        ];
+        for touch in [false, true] {
+            for &(name, flags, fd, shared) in &cases {
+                let p = map(flags, fd);
+                if touch {
+                    // SAFETY: our own writable mapping.
+                    unsafe { (p as *mut u8).write_volatile(1) };
+                }
+                if u.watch(p, p + 2 * pg).is_err() {
+                    eprintln!("{name}: not watchable here");
+                    assert!(fd >= 0 || flags & libc::MAP_SHARED != 0, "{name}");
+                } else {
+                    let got = u.maybe_shared(p, p + 2 * pg);
+                    eprintln!("{name} (touched {touch}): {got:?}");
+                    if shared {
+                        assert_ne!(got, Some(false), "{name}");
+                    } else {
+                        assert_eq!(got, Some(false), "{name}");
+                    }
+                    // The probe changed no data.
+                    // SAFETY: our own mapping.
+                    let first = unsafe { (p as *const u8).read_volatile() };
+                    assert_eq!(first, u8::from(touch), "{name}");
+                }
+                // Unwatched first: nobody reads this context, and an unmap of watched memory
+                // waits until its message is read.
+                let _ = u.unwatch(p, p + 2 * pg);
+                // SAFETY: our own mapping.
+                unsafe { libc::munmap(p as *mut libc::c_void, 2 * pg as usize) };
+            }
+        }
+        // Two VMAs under one range (different protections): never "anonymous" unless the
+        // kernel can only watch anonymous memory anyway.
+        let p = map(libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1);
+        // SAFETY: changes the protection of our own page.
+        unsafe { libc::mprotect((p + pg) as *mut libc::c_void, pg as usize, libc::PROT_READ) };
+        u.watch(p, p + 2 * pg).unwrap();
+        let shared = map(libc::MAP_SHARED | libc::MAP_ANONYMOUS, -1);
+        if u.watch(shared, shared + 2 * pg).is_ok() {
+            assert_eq!(
+                u.maybe_shared(p, p + 2 * pg),
+                u.anonymous_only.then_some(false)
+            );
+        }
+        let _ = u.unwatch(p, p + 2 * pg);
+        let _ = u.unwatch(shared, shared + 2 * pg);
+        // SAFETY: our own mappings and fd.
+        unsafe {
+            libc::munmap(p as *mut libc::c_void, 2 * pg as usize);
+            libc::munmap(shared as *mut libc::c_void, 2 * pg as usize);
+            libc::close(memfd);
+        }
     }
 }

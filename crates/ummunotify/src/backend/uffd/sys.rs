@@ -22,6 +22,10 @@ pub(crate) mod feature {
     pub(crate) const EVENT_REMAP: u64 = 1 << 2;
     pub(crate) const EVENT_REMOVE: u64 = 1 << 3;
     pub(crate) const EVENT_UNMAP: u64 = 1 << 6;
+    /// `UFFD_FEATURE_WP_HUGETLBFS_SHMEM` (Linux 6.0, with `CONFIG_PTE_MARKER_UFFD_WP`): shmem
+    /// and hugetlbfs mappings can be registered in write-protect mode. Offered or not, it is
+    /// not requested: the kernel allows those registrations whenever it can.
+    pub(crate) const WP_HUGETLBFS_SHMEM: u64 = 1 << 12;
     pub(crate) const WP_ASYNC: u64 = 1 << 15;
     /// `UFFD_FEATURE_EVENT_REMOVE_DONE`: every `REMOVE` gets an end, `UFFD_EVENT_REMOVE_DONE`,
     /// sent by the remover after its zap. Not upstream: this project's kernel patch
@@ -116,11 +120,81 @@ const UFFDIO_API: libc::c_ulong = ioc(IOC_RW, 0x3F, 24);
 const UFFDIO_REGISTER: libc::c_ulong = ioc(IOC_RW, 0x00, 32);
 /// `UFFDIO_UNREGISTER = _IOR(0xAA, 0x01, struct uffdio_range)`.
 const UFFDIO_UNREGISTER: libc::c_ulong = ioc(IOC_READ, 0x01, 16);
+/// `UFFDIO_ZEROPAGE = _IOWR(0xAA, 0x04, struct uffdio_zeropage)`.
+const UFFDIO_ZEROPAGE: libc::c_ulong = ioc(IOC_RW, 0x04, 32);
+/// `UFFDIO_CONTINUE = _IOWR(0xAA, 0x07, struct uffdio_continue)` (Linux 5.13).
+const UFFDIO_CONTINUE: libc::c_ulong = ioc(IOC_RW, 0x07, 32);
 /// `USERFAULTFD_IOC_NEW = _IO(0xAA, 0x00)` on `/dev/userfaultfd`.
 const USERFAULTFD_IOC_NEW: libc::c_ulong = ioc(0, 0x00, 0);
 const _: () = assert!(UFFDIO_API == 0xC018_AA3F);
 const _: () = assert!(UFFDIO_REGISTER == 0xC020_AA00);
 const _: () = assert!(UFFDIO_UNREGISTER == 0x8010_AA01);
+const _: () = assert!(UFFDIO_ZEROPAGE == 0xC020_AA04);
+const _: () = assert!(UFFDIO_CONTINUE == 0xC020_AA07);
+
+/// `struct uffdio_zeropage` and `struct uffdio_continue` (same layout): a range, a mode
+/// (`DONTWAKE`, bit 0, for both) and what was done (bytes, or a negative errno).
+#[repr(C)]
+struct UffdioFill {
+    range: UffdioRange,
+    mode: u64,
+    done: i64,
+}
+const _: () = assert!(std::mem::size_of::<UffdioFill>() == 32);
+
+/// What kind of mapping holds the registered range `[start, start + len)`, from two
+/// userfaultfd ioctls whose checks the kernel makes before doing anything, O(log VMAs) each
+/// (issue 41: on kernels without `PROCMAP_QUERY` the other way to know is reading all of
+/// `/proc/self/maps`):
+///
+/// - `UFFDIO_CONTINUE` over the range answers `ENOENT` unless one registered VMA holds all of
+///   it, then `EINVAL` unless that VMA is shmem (`MAP_SHARED` anonymous, memfd, tmpfs) or
+///   hugetlbfs. On shmem it maps the range's pages that are in the page cache but not in our
+///   page table, stopping at the first that is (`EEXIST`) or is not in the cache (`EFAULT`):
+///   what a fault on them, or the registrar's pin right after a cache miss, does.
+/// - then `UFFDIO_ZEROPAGE` of the first page answers `EINVAL` unless the VMA is private
+///   anonymous memory (or shmem, excluded above); on anonymous memory it maps the zero page
+///   there if nothing is mapped (`EEXIST` otherwise), as a read fault would.
+///
+/// `Some(true)`: shmem, hugetlbfs or another file (shared, or maybe so); `Some(false)`: one
+/// private anonymous VMA; `None`: the answer is not known (several VMAs, a changing address
+/// space, an older kernel): the caller looks another way.
+pub(crate) fn anonymous_probe(fd: BorrowedFd<'_>, start: u64, len: u64, page: u64) -> Option<bool> {
+    let fill = |request, len| {
+        let mut arg = UffdioFill {
+            range: UffdioRange { start, len },
+            mode: 1, // DONTWAKE: there is nobody to wake
+            done: 0,
+        };
+        // SAFETY: both ioctls read and write one struct of this layout, which `arg` is.
+        let r = unsafe {
+            ioctl(
+                fd.as_raw_fd(),
+                request,
+                (&mut arg as *mut UffdioFill).cast(),
+            )
+        };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error().raw_os_error().unwrap_or(0))
+        }
+    };
+    match fill(UFFDIO_CONTINUE, len) {
+        Err(libc::EINVAL) => {}
+        // Not one registered VMA, mmap_changing, no UFFDIO_CONTINUE (Linux < 5.13), ...
+        Err(libc::ENOENT | libc::EAGAIN | libc::ENOTTY | libc::ENOSYS | libc::ESRCH) => {
+            return None
+        }
+        // It went on to the pages: shmem or hugetlbfs.
+        Ok(()) | Err(_) => return Some(true),
+    }
+    match fill(UFFDIO_ZEROPAGE, page) {
+        Ok(()) | Err(libc::EEXIST) => Some(false),
+        Err(libc::EINVAL) => Some(true),
+        Err(_) => None,
+    }
+}
 
 /// `ioctl(2)` as a raw syscall, never through the `ioctl` symbol: a library that interposes
 /// `ioctl` (the 2010 compat preload does) must not see the context's own requests, whatever it
