@@ -88,6 +88,7 @@ pub mod cache;
 mod cookies;
 #[cfg(not(loom))]
 mod coverage;
+mod env;
 #[cfg(not(loom))]
 mod error;
 #[cfg(not(loom))]

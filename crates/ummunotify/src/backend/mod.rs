@@ -175,7 +175,7 @@ impl Backend {
     /// # Errors
     /// [`Unsupported::UnknownBackend`](crate::Unsupported::UnknownBackend) for any other value.
     pub fn from_env() -> Result<Backend, crate::Unsupported> {
-        match crate::sys::env_var(BACKEND_ENV).map(|v| v.into_string()) {
+        match crate::env::var(BACKEND_ENV).map(|v| v.into_string()) {
             None => Ok(Backend::Auto),
             Some(Ok(v)) => {
                 Backend::from_name(&v).ok_or(crate::Unsupported::UnknownBackend { value: v })

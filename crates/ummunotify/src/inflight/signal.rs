@@ -49,11 +49,11 @@ fn handler_addr() -> usize {
 pub(crate) fn install() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
-        let sig =
-            match crate::sys::env_var("UMN_SIGNAL").and_then(|s| s.to_str()?.parse::<i32>().ok()) {
-                Some(s) => s,
-                None => libc::SIGRTMAX() - SIGNAL_OFFSET,
-            };
+        let sig = match crate::env::var("UMN_SIGNAL").and_then(|s| s.to_str()?.parse::<i32>().ok())
+        {
+            Some(s) => s,
+            None => libc::SIGRTMAX() - SIGNAL_OFFSET,
+        };
         if sig < libc::SIGRTMIN() || sig > libc::SIGRTMAX() {
             return;
         }

@@ -21,21 +21,6 @@ fn cvt(ret: libc::c_int) -> io::Result<libc::c_int> {
     }
 }
 
-/// The environment variable `name`, unless this process runs in secure-execution mode
-/// (`AT_SECURE`: setuid, setgid or file capabilities), where the library reads none of its
-/// variables, as glibc's `secure_getenv` does: a user who starts a privileged program that links
-/// the library can not point it at another daemon, signal or library (docs/SECURITY.md).
-///
-/// # References
-/// `getauxval(3)`, `secure_getenv(3)`.
-pub(crate) fn env_var(name: &str) -> Option<std::ffi::OsString> {
-    // SAFETY: getauxval has no preconditions.
-    if unsafe { libc::getauxval(libc::AT_SECURE) } != 0 {
-        return None;
-    }
-    std::env::var_os(name)
-}
-
 /// `mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)`: a new shared mapping.
 pub(crate) fn mmap_shared(fd: BorrowedFd<'_>, len: usize) -> io::Result<NonNull<u8>> {
     // SAFETY: a new mapping chosen by the kernel; no existing memory is affected.

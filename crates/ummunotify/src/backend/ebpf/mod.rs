@@ -828,7 +828,7 @@ impl Area {
     /// The daemon's socket if one is listening (`UMN_EBPF_SOCKET` or [`DEFAULT_SOCKET`]), else
     /// the programs loaded here (root); the error says why neither worked.
     pub fn open() -> io::Result<Area> {
-        let path = std::env::var_os(SOCKET_ENV).unwrap_or_else(|| DEFAULT_SOCKET.into());
+        let path = crate::env::var(SOCKET_ENV).unwrap_or_else(|| DEFAULT_SOCKET.into());
         let path = Path::new(&path);
         let daemon = match Area::connect(path) {
             Ok(a) => return Ok(a),
@@ -1088,7 +1088,7 @@ fn cap_eff() -> Option<u64> {
 pub(crate) fn probe() -> super::BackendReport {
     let mut notes = Vec::new();
     let mut features = Vec::new();
-    let sock = std::env::var_os(SOCKET_ENV).unwrap_or_else(|| DEFAULT_SOCKET.into());
+    let sock = crate::env::var(SOCKET_ENV).unwrap_or_else(|| DEFAULT_SOCKET.into());
     let sock = Path::new(&sock);
     let daemon = Area::connect(sock);
     match std::fs::read_to_string("/proc/sys/kernel/unprivileged_bpf_disabled") {
