@@ -1,5 +1,6 @@
 /* fabric_hazard MONITOR DOMAIN            the hazard through libfabric's own MR cache
- * fabric_hazard cost MONITOR DOMAIN ITERS  a cache hit: libfabric's against ummunotify's
+ * fabric_hazard cost MONITOR DOMAIN ITERS  a cache hit: libfabric's against ummunotify's;
+ *                                          a miss: libfabric's cache with this MONITOR
  *
  * MONITOR: ummunotify (imported with ummunotify_fabric_import(); UMN_BACKEND picks its
  * backend), or one of libfabric's own, set as FI_MR_CACHE_MONITOR: memhooks, userfaultfd
@@ -240,6 +241,89 @@ static void end_case(void *ctx)
 	put(ctx);
 }
 
+/* What this process asked of libfabric's cache in cost mode, checked against the cache's own
+ * counters when the domain closes (fi_hits_made: calls that must hit; fi_misses_made: calls on a
+ * range never registered before, which must miss). */
+static unsigned long fi_hits_made, fi_misses_made;
+static unsigned long umn_subscribes_missed; /* misses the ummunotify monitor did not subscribe */
+
+/* The imported ummunotify monitor's subscribe count ("subscribes=N" of its report), or 0. */
+static unsigned long umn_subscribes(void)
+{
+	char report[256] = "";
+	ummunotify_fabric_report(report, sizeof report);
+	char *at = strstr(report, " subscribes=");
+	return at ? strtoul(at + strlen(" subscribes="), NULL, 10) : 0;
+}
+
+/* Misses per round (each round steps through fresh buffers of one mapping, none unmapped until
+ * the end: libfabric 1.17 keeps a released entry on its LRU, registered, until the cache holds
+ * FI_MR_CACHE_MAX_COUNT (1,024) entries or its size limit (memory / CPUs / 2, about 500 MiB in
+ * the guest); 21 x (32 + 2) fresh entries, 181 MiB, stay below both, so no miss also evicts). */
+#define MISS_PER_ROUND_16K 32
+#define MISS_PER_ROUND_4M 2
+
+/* A cache miss of len bytes: fi_mr_reg + fi_close of a buffer never registered before, so that
+ * libfabric's cache searches, registers with verbs, subscribes the range with its monitor and
+ * keeps the entry; against ibv_reg_mr alone of the same length in the same round. A page never
+ * registered lies between two buffers: no two entries overlap or touch (libfabric purges an
+ * overlapping entry), and one mapping holds them all, populated before the timing. Nothing is
+ * unmapped while it runs: an unmapping would put the entries on libfabric's dead list,
+ * deregistered by whichever search comes next (a measured one), and the monitors report it at
+ * different times (memhooks in the call, userfaultfd from its thread). */
+static void miss_cost(struct fab *f, const char *monitor, struct ibv_pd *pd, size_t len,
+		      int per_round)
+{
+	size_t stride = len + 4096, span = stride * (size_t)per_round * COST_ROUNDS + 4096;
+	char *base = mmap(NULL, span, PROT_READ | PROT_WRITE,
+			  MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+	char *ref = mmap(NULL, len, PROT_READ | PROT_WRITE,
+			 MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+	if (base == MAP_FAILED || ref == MAP_FAILED)
+		fail("mmap", -errno);
+	uint64_t fi_t[COST_ROUNDS], reg_t[COST_ROUNDS];
+	unsigned long sub0 = umn_subscribes();
+	for (int r = 0; r < COST_ROUNDS; r++) {
+		uint64_t t0 = __rdtsc();
+		for (int i = 0; i < per_round; i++) {
+			char *p = base + ((size_t)r * per_round + i) * stride + 4096;
+			struct fid_mr *mr;
+			int rc = fi_mr_reg(f->domain, p, len, FI_REMOTE_READ, 0, 0, 0, &mr, NULL);
+			if (rc)
+				fail("fi_mr_reg (miss)", rc);
+			fi_close(&mr->fid);
+		}
+		fi_t[r] = (__rdtsc() - t0) / (uint64_t)per_round;
+		fi_misses_made += (unsigned long)per_round;
+		uint64_t sum = 0;
+		for (int i = 0; i < per_round; i++) {
+			t0 = __rdtsc();
+			struct ibv_mr *mr = ibv_reg_mr(pd, ref, len, IBV_ACCESS_LOCAL_WRITE |
+						       IBV_ACCESS_REMOTE_READ);
+			sum += __rdtsc() - t0;
+			if (!mr)
+				fail("ibv_reg_mr", -errno);
+			ibv_dereg_mr(mr);
+		}
+		reg_t[r] = sum / (uint64_t)per_round;
+	}
+	unsigned long subscribed = umn_subscribes() - sub0;
+	unsigned long misses = (unsigned long)per_round * COST_ROUNDS;
+	if (!strcmp(monitor, "ummunotify") && subscribed < misses)
+		umn_subscribes_missed += misses - subscribed;
+	char subs[32] = "-";
+	if (!strcmp(monitor, "ummunotify"))
+		snprintf(subs, sizeof subs, "%lu", subscribed);
+	double ratio = cost_median_ratio(fi_t, reg_t); /* before cost_median sorts them */
+	printf("RXE-COST fabric-miss monitor=%s len=%zu per_round=%d fi_miss_ticks=%llu "
+	       "ibv_reg_ticks=%llu miss_over_reg=%.4f umn_subscribes=%s\n",
+	       monitor, len, per_round, (unsigned long long)cost_median(fi_t),
+	       (unsigned long long)cost_median(reg_t), ratio, subs);
+	/* base stays mapped (its entries cached) until the process exits: unmapped now, its
+	 * entries would be deregistered inside the next measurement's first search. */
+	munmap(ref, len);
+}
+
 /* One cache hit (get + release of a cached registration of 64 KiB): libfabric's fi_mr_reg +
  * fi_close with this process's monitor, and ummunotify's C cache over the verbs registrar. */
 static void cost(struct fab *f, const char *monitor, const char *device, int iters)
@@ -263,6 +347,7 @@ static void cost(struct fab *f, const char *monitor, const char *device, int ite
 	int rc;
 	if ((rc = fi_mr_reg(f->domain, a, len, FI_REMOTE_READ, 0, 0, 0, &mr, NULL)))
 		fail("fi_mr_reg", rc);
+	fi_misses_made++;
 	uint64_t key = fi_mr_key(mr);
 	fi_close(&mr->fid);
 	ummunotify_cache_handle h;
@@ -280,6 +365,7 @@ static void cost(struct fab *f, const char *monitor, const char *device, int ite
 			fi_close(&mr->fid);
 		}
 		fi_t[r] = (__rdtsc() - t0) / (uint64_t)iters;
+		fi_hits_made += (unsigned long)iters;
 		t0 = __rdtsc();
 		for (int i = 0; i < iters; i++) {
 			if (ummunotify_cache_get(cache, (uintptr_t)b, len, &h))
@@ -296,10 +382,48 @@ static void cost(struct fab *f, const char *monitor, const char *device, int ite
 	       monitor, ummunotify_notifier_backend(ummunotify_cache_notifier(cache)), len, iters,
 	       (unsigned long long)cost_median(fi_t), (unsigned long long)cost_median(umn_t), ratio,
 	       (unsigned long long)st.misses);
+	miss_cost(f, monitor, pd, 16 << 10, MISS_PER_ROUND_16K);
+	miss_cost(f, monitor, pd, 4 << 20, MISS_PER_ROUND_4M);
 	ummunotify_cache_free(cache);
 	ummunotify_verbs_registrar_free(&reg);
 	ibv_dealloc_pd(pd);
 	ibv_close_device(ctx);
+}
+
+/* Closes the fabric and checks this process's cost calls against libfabric's own counters
+ * (FI_LOG_LEVEL=info, FI_LOG_SUBSYS=mr: the MR cache logs "MR cache stats: searches S,
+ * deletes D, hits H notify N" on stderr when its domain closes): every call that had to hit
+ * hit and nothing else did (H equals the hits made), so each fresh buffer missed; S - H counts
+ * the misses, ours and rxm's own registrations. The log is passed on to stderr. */
+static void close_counted(struct fab *f, const char *monitor)
+{
+	fflush(stderr);
+	FILE *log = tmpfile();
+	int saved = dup(2);
+	if (!log || saved < 0 || dup2(fileno(log), 2) < 0)
+		fail("capturing stderr", -errno);
+	close_fabric(f);
+	fflush(stderr);
+	dup2(saved, 2);
+	close(saved);
+	rewind(log);
+	char line[512];
+	unsigned long searches = 0, deletes = 0, hits = 0, notify = 0;
+	int stats = 0;
+	while (fgets(line, sizeof line, log)) {
+		fputs(line, stderr);
+		char *at = strstr(line, "MR cache stats: ");
+		if (at && sscanf(at, "MR cache stats: searches %lu, deletes %lu, hits %lu notify %lu",
+				 &searches, &deletes, &hits, &notify) == 4)
+			stats++;
+	}
+	fclose(log);
+	int ok = stats == 1 && hits == fi_hits_made && searches - hits >= fi_misses_made &&
+		 !umn_subscribes_missed;
+	printf("RXE-CHECK fabric miss-count %s monitor=%s stats_lines=%d searches=%lu hits=%lu "
+	       "hits_made=%lu misses=%lu misses_made=%lu notify=%lu umn_unsubscribed_misses=%lu\n",
+	       ok ? "ok" : "FAIL", monitor, stats, searches, hits, fi_hits_made, searches - hits,
+	       fi_misses_made, notify, umn_subscribes_missed);
 }
 
 /* Opens the fabric, checks that the domain caches, then runs the cost or one kind. */
@@ -344,7 +468,12 @@ static int run(const char *monitor_arg, const char *domain, int bench, int iters
 		backend = name;
 	}
 	if (bench) {
+		fi_misses_made += 2; /* the scratch buffer and the probe's first registration */
+		fi_hits_made += 1;   /* the probe's second */
 		cost(&f, monitor, domain, iters);
+		munmap(probe, 1 << 16);
+		close_counted(&f, monitor);
+		return 0;
 	} else {
 		struct served sv = {.f = &f};
 		struct hazard_ops ops = {.ctx = &sv, .serve = serve, .put = put, .read = read_wire,
@@ -370,8 +499,12 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	const char *monitor = argv[1 + bench], *domain = argv[2 + bench];
-	if (bench)
+	if (bench) {
+		/* The MR cache's counters, logged at info when the domain closes (close_counted). */
+		setenv("FI_LOG_LEVEL", "info", 0);
+		setenv("FI_LOG_SUBSYS", "mr", 0);
 		return run(monitor, domain, 1, argc > 4 ? atoi(argv[4]) : 500, NULL, 1);
+	}
 	/* Each kind in a process of its own, from libfabric's start: a kind that hangs a monitor
 	 * (libfabric 1.17's userfaultfd monitor leaves MREMAP_DONTUNMAP's old range registered for
 	 * missing-page faults it never resolves) is reported as a hang, and the others still run.

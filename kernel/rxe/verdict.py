@@ -7,7 +7,8 @@ stale-byte tables and the costs, and exits 1 when
 - a program of a phase that ran exited non-zero or is missing (every RXE-EXIT below);
 - a result is missing: every kind of the catalogue, for the Rust and the C cache (naive and
   ummunotify on every backend) and for libfabric's cache (its monitors and ummunotify on every
-  backend); the UCX lines; the cost lines;
+  backend); the UCX lines; the cost lines (a registration, a hit, and libfabric's miss of a
+  fresh buffer with each monitor, with the check that it missed);
 - a claimed kind was refused (typed, nothing stale sent) without being listed in
   known-refusals.txt, or a listed refusal no longer shows;
 - ummunotify let a stale byte through for a kind its backend claims (the claims are the Rust
@@ -33,6 +34,7 @@ FABRIC_MONITORS = ("memhooks", "userfaultfd")
 COST_SIZES = (4096, 65536, 1048576)
 COST_VERBS_BACKENDS = ("uffd", "kernel")
 COST_FABRIC_MONITORS = ("memhooks", "userfaultfd", "ummunotify")
+COST_MISS_SIZES = (16384, 4194304)
 
 
 def guest_lacks():
@@ -78,6 +80,7 @@ def main():
     ucx = {}
     cost_verbs = {}
     cost_fabric = {}
+    cost_miss = {}  # (monitor, len) -> fields
     dmesg = []
     device = module = None
     for line in lines:
@@ -120,6 +123,10 @@ def main():
         if at >= 0:
             f = fields(line[at:])
             cost_fabric[f["monitor"]] = f
+        at = line.find("RXE-COST fabric-miss ")
+        if at >= 0:
+            f = fields(line[at:])
+            cost_miss[(f["monitor"], int(f["len"]))] = f
         if line.startswith("RXE-DMESG "):
             dmesg.append(line)
 
@@ -263,6 +270,12 @@ def main():
         for m in COST_FABRIC_MONITORS:
             if m not in cost_fabric:
                 problems.append(f"cost: no fabric line for {m}")
+            for n in COST_MISS_SIZES:
+                if (m, n) not in cost_miss:
+                    problems.append(f"cost: no fabric miss line for {m} {n}")
+            if not any(what == "fabric miss-count" and f"monitor={m} " in rest
+                       for what, rest in checks):
+                problems.append(f"cost: no check that libfabric's cache missed, for {m}")
 
     # Tables.
     def table(lang):
@@ -317,6 +330,35 @@ def main():
             print(f"  libfabric with {m:10}: {f['fi_hit_ticks']:>6} ticks; ummunotify "
                   f"({f['umn_backend']}): {f['umn_hit_ticks']:>5} ticks; ratio "
                   f"{float(f['umn_over_fi']):.3f}")
+    if cost_miss:
+        print("\nA cache miss (fi_mr_reg + fi_close of a fresh buffer: libfabric's cache registers "
+              "and subscribes it with its monitor; TSC ticks, medians over rounds, one process per "
+              "monitor; /reg: over ibv_reg_mr alone in the same rounds):")
+        print("     len |      memhooks  /reg |   userfaultfd  /reg |    ummunotify  /reg | "
+              "umn/uffd  umn/memhooks | of /reg: umn/uffd  umn/memhooks")
+        for n in sorted({n for _, n in cost_miss}):
+            row = {m: cost_miss.get((m, n)) for m in COST_FABRIC_MONITORS}
+            line = f"{n:8} |"
+            for m in COST_FABRIC_MONITORS:
+                f = row[m]
+                line += (f" {f['fi_miss_ticks']:>13} {float(f['miss_over_reg']):5.2f} |" if f
+                         else f" {'?':>13} {'?':>5} |")
+
+            def ratio(key, cast, a, b):
+                if not row[a] or not row[b] or not cast(row[b][key]):
+                    return "?"
+                return f"{cast(row[a][key]) / cast(row[b][key]):.2f}"
+
+            raw = (ratio("fi_miss_ticks", int, "ummunotify", "userfaultfd"),
+                   ratio("fi_miss_ticks", int, "ummunotify", "memhooks"))
+            norm = (ratio("miss_over_reg", float, "ummunotify", "userfaultfd"),
+                    ratio("miss_over_reg", float, "ummunotify", "memhooks"))
+            print(line + f" {raw[0]:>8}  {raw[1]:>12} | {norm[0]:>17}  {norm[1]:>12}")
+        print("Each fresh buffer missed (libfabric's own counters when the domain closed: its "
+              "hits are exactly the calls that had to hit):")
+        for what, rest in checks:
+            if what == "fabric miss-count":
+                print("  " + rest)
     if phases:
         order = sorted(phases.items(), key=lambda kv: kv[1])
         print("\nguest phases (seconds of guest uptime): " + ", ".join(
