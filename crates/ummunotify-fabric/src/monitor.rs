@@ -44,20 +44,42 @@ use crate::abi::{self, FiOpsMemMonitor, FidMemMonitor};
 /// Forks seen by this process (bumped by the `pthread_atfork` child handler).
 static FORKS: AtomicU64 = AtomicU64::new(0);
 static ATFORK: Once = Once::new();
+/// Whether [`on_fork_child`] is registered in this process.
+static REGISTERED: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn on_fork_child() {
     FORKS.fetch_add(1, SeqCst);
 }
 
+fn register_atfork() {
+    // SAFETY: registers a handler that only does an atomic add (async-signal-safe, no locks).
+    // A failure (ENOMEM) leaves fork detection off; report it rather than pretend.
+    let rc = unsafe { libc::pthread_atfork(None, None, Some(on_fork_child)) };
+    if rc == 0 {
+        REGISTERED.store(true, SeqCst);
+    } else {
+        eprintln!("ummunotify-fabric: pthread_atfork failed ({rc}): fork safety is off");
+    }
+}
+
+/// Registers [`on_fork_child`] when the library is loaded, before `main` and any thread of the
+/// program: no thread can then be half-way through registering it when another forks (a child
+/// would inherit a `Once` half-run and wait in it for ever: guarantee 6).
+#[used]
+#[link_section = ".init_array"]
+static REGISTER_AT_LOAD: extern "C" fn() = {
+    extern "C" fn at_load() {
+        register_atfork();
+    }
+    at_load
+};
+
+/// Makes sure [`on_fork_child`] is registered: done at load ([`REGISTER_AT_LOAD`]); the `Once`
+/// is only the fallback for a link that dropped the load-time entry.
 fn install_atfork() {
-    ATFORK.call_once(|| {
-        // SAFETY: registers a handler that only does an atomic add (async-signal-safe, no locks).
-        // A failure (ENOMEM) leaves fork detection off; report it rather than pretend.
-        let rc = unsafe { libc::pthread_atfork(None, None, Some(on_fork_child)) };
-        if rc != 0 {
-            eprintln!("ummunotify-fabric: pthread_atfork failed ({rc}): fork safety is off");
-        }
-    });
+    if !REGISTERED.load(SeqCst) {
+        ATFORK.call_once(register_atfork);
+    }
 }
 
 /// Default limit of subscriptions per monitor (8 times libfabric's default
@@ -872,4 +894,17 @@ pub(crate) fn object_stats(obj: &MonitorObject) -> Stats {
 /// The backend of the notifier of a started monitor object.
 pub(crate) fn object_backend(obj: &MonitorObject) -> Option<ummunotify::Backend> {
     stats_notifier(obj).1.map(|n| n.backend())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The child handler is in place before any monitor exists: registered at load, so no
+    /// thread of the program can be half-way through a `Once` when another forks.
+    #[test]
+    fn the_fork_handler_is_registered_at_load() {
+        assert!(REGISTERED.load(SeqCst), "on_fork_child was not registered at load");
+        assert!(!ATFORK.is_completed(), "the fallback Once ran although the load did");
+    }
 }
