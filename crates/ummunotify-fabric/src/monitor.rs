@@ -904,7 +904,13 @@ mod tests {
     /// thread of the program can be half-way through a `Once` when another forks.
     #[test]
     fn the_fork_handler_is_registered_at_load() {
-        assert!(REGISTERED.load(SeqCst), "on_fork_child was not registered at load");
-        assert!(!ATFORK.is_completed(), "the fallback Once ran although the load did");
+        assert!(
+            REGISTERED.load(SeqCst),
+            "on_fork_child was not registered at load"
+        );
+        assert!(
+            !ATFORK.is_completed(),
+            "the fallback Once ran although the load did"
+        );
     }
 }
