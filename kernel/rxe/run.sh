@@ -10,7 +10,10 @@
 #
 # Knobs: UMN_RXE_PHASES (default all: rust,c,fabric,ucx,cost), UMN_RXE_BACKENDS (default
 # uffd,hooks,hybrid,kernel), UMN_RXE_TIMEOUT (default 1500 s), UMN_RXE_COST_BATCH (calls per
-# round of the cost measurement, default 100).
+# round of the cost measurement, default 100), UMN_RXE_COST_MAPPINGS (the verbs cost measurement
+# once per count, the process grown to that many mappings first; default 100,1000,10000),
+# UMN_RXE_COST_BEFORE (a libummunotify.so built before a change: the verbs cost measurement runs
+# on it too, in the same guest, for a before/after table).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$repo"
@@ -46,6 +49,7 @@ gcc "${cflags[@]}" kernel/rxe/verbs_hazard.c -o "$out/verbs_hazard" "${libs[@]}"
     -libverbs
 gcc "${cflags[@]}" kernel/rxe/fabric_hazard.c -o "$out/fabric_hazard" "${libs[@]}" -lummunotify \
     -l:libummunotify_fabric.so -lfabric -libverbs
+gcc "${cflags[@]}" kernel/rxe/miss_parts.c -o "$out/miss_parts" "${libs[@]}" -lummunotify
 gcc "${cflags[@]}" kernel/rxe/ucx_hazard.c -o "$out/ucx_hazard" -lucp -lucs
 gcc "${cflags[@]}" crates/ummunotify-fabric/tests/c/mr_reg.c -o "$out/fabric-mr-reg" \
     "${libs[@]}" -l:libummunotify_fabric.so -lfabric
@@ -54,12 +58,14 @@ lap "programs"
 # 4. The initramfs: only what this guest runs (no MPI: issue 22's guests bring their own).
 cp "$repo/kernel/rxe/init" "$out/init"
 chmod 755 "$out/init"
+before=()
+[ -z "${UMN_RXE_COST_BEFORE:-}" ] || before=("$UMN_RXE_COST_BEFORE=/lib/before/libummunotify.so.0")
 python3 kernel/rxe/pack.py "$out/initrd.gz" "$out/initramfs" \
     "$out/init=/init" "$out/module/ummunotify.ko=/lib/ummunotify.ko" \
     "$rel/libummunotify.so=/lib/libummunotify.so.0" \
     "$rel/libummunotify_fabric.so=/lib/libummunotify_fabric.so" \
     "$out/verbs_rxe" "$out/mr_reg" "$out/rxe_peer" "$out/verbs_hazard" "$out/fabric_hazard" \
-    "$out/ucx_hazard" "$out/fabric-mr-reg"
+    "$out/ucx_hazard" "$out/fabric-mr-reg" "$out/miss_parts" "${before[@]}"
 lap "initramfs ($(du -h "$out/initrd.gz" | cut -f1))"
 
 # 5. Boot: two sockets of one CPU each (plain -smp 2 gives this kernel one CPU), the virtio NIC
@@ -79,7 +85,7 @@ set +e
 timeout -k 10 "$timeout_s" qemu-system-x86_64 -accel tcg -smp 2,sockets=2,cores=1,threads=1 \
     -m 2048 -nographic -no-reboot -kernel "$kdir/arch/x86/boot/bzImage" -initrd "$out/initrd.gz" \
     -netdev user,id=n0 -device virtio-net-pci,netdev=n0 \
-    -append "console=ttyS0 rdinit=/init panic=-1 quiet rxe.phases=${UMN_RXE_PHASES:-all} rxe.lacks=$lacks rxe.batch=${UMN_RXE_COST_BATCH:-100} rxe.backends=${UMN_RXE_BACKENDS:-uffd,hooks,hybrid,kernel} rxe.refusals=$refusals" \
+    -append "console=ttyS0 rdinit=/init panic=-1 quiet rxe.phases=${UMN_RXE_PHASES:-all} rxe.lacks=$lacks rxe.batch=${UMN_RXE_COST_BATCH:-100} rxe.mappings=${UMN_RXE_COST_MAPPINGS:-100,1000,10000} rxe.backends=${UMN_RXE_BACKENDS:-uffd,hooks,hybrid,kernel} rxe.refusals=$refusals" \
     </dev/null >"$log" 2>&1
 rc=$?
 set -e
@@ -94,4 +100,4 @@ lap "guest"
 
 # 6. The verdict.
 python3 "$repo/kernel/rxe/verdict.py" "$log.txt" "${UMN_RXE_PHASES:-all}" \
-    "${UMN_RXE_BACKENDS:-uffd,hooks,hybrid,kernel}"
+    "${UMN_RXE_BACKENDS:-uffd,hooks,hybrid,kernel}" "${UMN_RXE_COST_MAPPINGS:-100,1000,10000}"

@@ -5,7 +5,8 @@
  *               the notifier's backend)
  *   cost        what a registration costs (4 KiB, 64 KiB, 1 MiB) against the bare verbs calls,
  *               and a hit, in TSC ticks (the guest clock has 4 ms resolution); BATCH is the
- *               number of calls per round (default 100)
+ *               number of calls per round (default 100); with MAPPINGS, more mappings first,
+ *               until the process has that many VMAs (issue 41)
  *
  * For every kind of kinds.h, hazard.h's case: this process serves a buffer through the cache and
  * a peer process (rxe_peer) RDMA-READs and RDMA-WRITEs it over an RC QP, before and after the
@@ -156,6 +157,38 @@ static char *map_populated(void *at, size_t len)
 	return p;
 }
 
+/* How many VMAs this process has (lines of /proc/self/maps). */
+static long count_vmas(void)
+{
+	static char text[1 << 16];
+	long lines = 0;
+	ssize_t n;
+	int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		die("open /proc/self/maps");
+	while ((n = read(fd, text, sizeof text)) > 0)
+		for (ssize_t i = 0; i < n; i++)
+			lines += text[i] == '\n';
+	close(fd);
+	return lines;
+}
+
+/* Mappings until the process has `want` VMAs: one mapping whose every other page is read-only,
+ * so that the kernel keeps a VMA per page (as `umn bench --mappings`). */
+static void more_mappings(long want)
+{
+	long n = want - count_vmas();
+	if (n <= 0)
+		return;
+	char *p = mmap(NULL, (size_t)n * 4096, PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (p == MAP_FAILED)
+		die("mmap (more mappings)");
+	for (long i = 1; i < n; i += 2)
+		if (mprotect(p + i * 4096, 4096, PROT_READ))
+			die("mprotect (more mappings)");
+}
+
 /* One read of all of /proc/self/maps (what a miss on Linux < 6.11 does where PROCMAP_QUERY is
  * missing): a reference point for the misses, in the same round. */
 static void read_maps(void)
@@ -190,8 +223,10 @@ static ummunotify_cache *verbs_cache(struct ibv_pd *pd, ummunotify_registrar *re
  *   hit   a hit (get + put of a cached region), against the pair's verbs calls;
  *   maps  one read of all of /proc/self/maps, which a miss makes on kernels without
  *         PROCMAP_QUERY (Linux < 6.11, this guest's), for reference. */
-static void cost(struct ibv_pd *pd, int batch)
+static void cost(struct ibv_pd *pd, int batch, long mappings)
 {
+	more_mappings(mappings);
+	long vmas = count_vmas();
 	static const size_t sizes[] = {4096, 65536, 1 << 20};
 	ummunotify_registrar reg1, regp;
 	ummunotify_cache *full = verbs_cache(pd, &reg1, 1), *pool = verbs_cache(pd, &regp, 1 << 16);
@@ -244,10 +279,11 @@ static void cost(struct ibv_pd *pd, int batch)
 				ummunotify_cache_put(&h);
 			}
 			in_miss[r] = (__rdtsc() - t0) / POOL;
+			/* A few reads: with 10,000 mappings one read is 100M ticks. */
 			t0 = __rdtsc();
-			for (int i = 0; i < POOL; i++)
+			for (int i = 0; i < 4; i++)
 				read_maps();
-			maps[r] = (__rdtsc() - t0) / POOL;
+			maps[r] = (__rdtsc() - t0) / 4;
 			/* New memory under every buffer: the pool's regions go, untimed. */
 			for (int i = 0; i < POOL; i++)
 				map_populated(b[i], len);
@@ -260,12 +296,12 @@ static void cost(struct ibv_pd *pd, int batch)
 		printf("RXE-COST verbs backend=%s len=%zu rounds=%d batch=%d "
 		       "ibv_reg_dereg_ticks=%llu miss_ticks=%llu miss_over_reg=%.3f "
 		       "ibv_reg_ticks=%llu miss_in_ticks=%llu miss_in_over_reg=%.3f "
-		       "hit_ticks=%llu hit_over_reg=%.5f maps_read_ticks=%llu\n",
+		       "hit_ticks=%llu hit_over_reg=%.5f maps_read_ticks=%llu mappings=%ld vmas=%ld\n",
 		       backend, len, COST_ROUNDS, batch, (unsigned long long)cost_median(pair_reg),
 		       (unsigned long long)cost_median(pair_miss), miss_ratio,
 		       (unsigned long long)cost_median(in_reg), (unsigned long long)cost_median(in_miss),
 		       in_ratio, (unsigned long long)cost_median(hit),
-		       hit_ratio, (unsigned long long)cost_median(maps));
+		       hit_ratio, (unsigned long long)cost_median(maps), mappings, vmas);
 		fflush(stdout);
 		for (int i = 0; i < POOL; i++)
 			munmap(b[i], len);
@@ -274,8 +310,8 @@ static void cost(struct ibv_pd *pd, int batch)
 	}
 	ummunotify_cache_stats st = {.size = sizeof st};
 	ummunotify_cache_get_stats(full, &st);
-	printf("RXE-COST verbs-stats backend=%s misses=%llu hits=%llu evictions=%llu\n", backend,
-	       (unsigned long long)st.misses, (unsigned long long)st.hits,
+	printf("RXE-COST verbs-stats backend=%s mappings=%ld misses=%llu hits=%llu evictions=%llu\n",
+	       backend, mappings, (unsigned long long)st.misses, (unsigned long long)st.hits,
 	       (unsigned long long)st.evictions);
 	if (ummunotify_cache_free(full) || ummunotify_cache_free(pool))
 		die("ummunotify_cache_free");
@@ -286,7 +322,7 @@ static void cost(struct ibv_pd *pd, int batch)
 int main(int argc, char **argv)
 {
 	if (argc < 3) {
-		fprintf(stderr, "usage: verbs_hazard naive|ummunotify|cost DEVICE [BATCH]\n");
+		fprintf(stderr, "usage: verbs_hazard naive|ummunotify|cost DEVICE [BATCH [MAPPINGS]]\n");
 		return 2;
 	}
 	const char *mode = argv[1], *dev = argv[2];
@@ -297,7 +333,7 @@ int main(int argc, char **argv)
 	if (!pd)
 		die("ibv_alloc_pd");
 	if (!strcmp(mode, "cost")) {
-		cost(pd, argc > 3 ? atoi(argv[3]) : 100);
+		cost(pd, argc > 3 ? atoi(argv[3]) : 100, argc > 4 ? atol(argv[4]) : 0);
 		return 0;
 	}
 	const char *peer = getenv("UMN_RXE_PEER") ? getenv("UMN_RXE_PEER") : "rxe_peer";

@@ -20,8 +20,9 @@ stale-byte tables and the costs, and exits 1 when
   make the hazard, and the test could not fail), or showed one where nothing was replaced;
 - a check line failed (the verbs error message, libfabric's import, libfabric caching).
 
-Usage: verdict.py GUEST_LOG [PHASES [BACKENDS]]  (comma lists; default: every phase and backend,
-which CI runs: a phase or backend that did not run is then a missing result)
+Usage: verdict.py GUEST_LOG [PHASES [BACKENDS [MAPPINGS]]]  (comma lists; default: every phase and
+backend, which CI runs: a phase or backend that did not run is then a missing result; MAPPINGS:
+the process sizes of the verbs cost lines, run.sh's UMN_RXE_COST_MAPPINGS, default 0)
 """
 import importlib.util
 import os
@@ -67,6 +68,7 @@ def main():
     want_phases = sys.argv[2].split(",") if len(sys.argv) > 2 and sys.argv[2] != "all" else PHASES
     if len(sys.argv) > 3:
         BACKENDS = tuple(sys.argv[3].split(","))
+    mappings = [int(m) for m in sys.argv[4].split(",")] if len(sys.argv) > 4 else [0]
     lacks = guest_lacks()
     refusals = known_refusals()
     refused_seen = set()
@@ -78,9 +80,11 @@ def main():
     hazard = {}  # (lang, cache, backend, kind) -> fields
     checks = []
     ucx = {}
-    cost_verbs = {}
+    cost_verbs = {}  # (backend, len, mappings) -> fields
+    cost_before = {}  # the same, from the library before a change (UMN_RXE_COST_BEFORE)
     cost_fabric = {}
     cost_miss = {}  # (monitor, len) -> fields
+    parts = []  # miss_parts.c's lines
     dmesg = []
     device = module = None
     for line in lines:
@@ -115,10 +119,11 @@ def main():
         if at >= 0:
             f = fields(line[at:])
             ucx[f["kind"]] = f
-        at = line.find("RXE-COST verbs ")
-        if at >= 0:
-            f = fields(line[at:])
-            cost_verbs[(f["backend"], int(f["len"]))] = f
+        for tag, into in (("RXE-COST verbs ", cost_verbs), ("RXE-COST verbs-before ", cost_before)):
+            at = line.find(tag)
+            if at >= 0:
+                f = fields(line[at:])
+                into[(f["backend"], int(f["len"]), int(f.get("mappings", 0)))] = f
         at = line.find("RXE-COST fabric ")
         if at >= 0:
             f = fields(line[at:])
@@ -127,6 +132,9 @@ def main():
         if at >= 0:
             f = fields(line[at:])
             cost_miss[(f["monitor"], int(f["len"]))] = f
+        at = line.find("RXE-PARTS ")
+        if at >= 0:
+            parts.append(fields(line[at:]))
         if line.startswith("RXE-DMESG "):
             dmesg.append(line)
 
@@ -149,7 +157,7 @@ def main():
         "fabric": [("fabric", m) for m in FABRIC_MONITORS]
         + [("fabric", f"ummunotify-{b}") for b in BACKENDS] + [("fabric", "mr_reg")],
         "ucx": [("ucx", "ucx_hazard")],
-        "cost": [("cost", f"verbs-{b}") for b in COST_VERBS_BACKENDS]
+        "cost": [("cost", f"verbs-{b}-{m}") for b in COST_VERBS_BACKENDS for m in mappings]
         + [("cost", f"fabric-{m}") for m in COST_FABRIC_MONITORS],
     }
     for p in want_phases:
@@ -265,8 +273,9 @@ def main():
     if "cost" in phases:
         for b in COST_VERBS_BACKENDS:
             for n in COST_SIZES:
-                if (b, n) not in cost_verbs:
-                    problems.append(f"cost: no verbs line for {b} {n}")
+                for m in mappings:
+                    if (b, n, m) not in cost_verbs:
+                        problems.append(f"cost: no verbs line for {b} {n} with {m} mappings")
         for m in COST_FABRIC_MONITORS:
             if m not in cost_fabric:
                 problems.append(f"cost: no fabric line for {m}")
@@ -312,17 +321,30 @@ def main():
         print("\nUCX 1.13 rcache after x == y (64 KiB ucp_put_nbx from the reused address):")
         for k, f in ucx.items():
             print(f"  {k}: sent the {f['sent']} pages ({f['stale_bytes']} of {f['len']} bytes old)")
+
+    def verbs_table(rows, what):
+        print(f"\nA registration with the verbs registrar{what} (TSC ticks per operation and ratios "
+              "to the bare verbs calls: medians over rounds of one process; vmas: the process's "
+              "mappings):")
+        print("backend      len   vmas  reg+dereg  miss+evict  ratio |    reg     miss  ratio |  "
+              "hit  hit/reg+dereg | one /proc/self/maps read")
+        for (b, n, m), f in sorted(rows.items(), key=lambda kv: (kv[0][2], kv[0][0], kv[0][1])):
+            print(f"{b:7} {n:8} {f.get('vmas', '?'):>6} {f['ibv_reg_dereg_ticks']:>10} "
+                  f"{f['miss_ticks']:>11} {float(f['miss_over_reg']):6.2f} | "
+                  f"{f['ibv_reg_ticks']:>6} {f['miss_in_ticks']:>8} "
+                  f"{float(f['miss_in_over_reg']):6.2f} | {f['hit_ticks']:>4}  "
+                  f"{float(f['hit_over_reg']):.5f} | {f.get('maps_read_ticks', '?'):>7}")
+
     if cost_verbs:
-        print("\nA registration with the verbs registrar (TSC ticks per operation and ratios to the "
-              "bare verbs calls: medians over rounds of one process):")
-        print("backend      len  reg+dereg  miss+evict  ratio |    reg     miss  ratio |  hit  "
-              "hit/reg+dereg | one /proc/self/maps read")
-        for (b, n), f in sorted(cost_verbs.items()):
-            print(f"{b:7} {n:8} {f['ibv_reg_dereg_ticks']:>10} {f['miss_ticks']:>11} "
-                  f"{float(f['miss_over_reg']):6.2f} | {f['ibv_reg_ticks']:>6} "
-                  f"{f['miss_in_ticks']:>8} {float(f['miss_in_over_reg']):6.2f} | "
-                  f"{f['hit_ticks']:>4}  {float(f['hit_over_reg']):.5f} | "
-                  f"{f.get('maps_read_ticks', '?'):>7}")
+        verbs_table(cost_verbs, "")
+    if cost_before:
+        verbs_table(cost_before, ", the library before the change (UMN_RXE_COST_BEFORE), same "
+                    "guest")
+    if parts:
+        print("\nThe kernel calls of a userfaultfd miss one by one (miss_parts.c; TSC ticks, "
+              "medians; miss_*: a cache miss with a no-op registrar):")
+        for f in parts:
+            print("  " + " ".join(f"{k}={v}" for k, v in f.items()))
     if cost_fabric:
         print("\nA cache hit, 64 KiB (TSC ticks; ummunotify's C cache against libfabric's "
               "fi_mr_reg + fi_close hit, same process, median ratio over rounds):")

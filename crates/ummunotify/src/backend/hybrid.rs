@@ -81,6 +81,15 @@ impl Watcher for HybridWatcher {
         self.uffd.maybe_shared(start, end)
     }
 
+    fn covering(&self, start: u64, end: u64) -> Option<bool> {
+        // As `maybe_shared`. (A one-page watch proves nothing here: the hooks take a range the
+        // kernel refused, mapped or not.)
+        if self.hooks_only.load(Relaxed) > 0 {
+            return None;
+        }
+        self.uffd.covering(start, end)
+    }
+
     fn splits_vmas(&self) -> bool {
         true
     }

@@ -217,6 +217,22 @@ pub(crate) trait Watcher: Send + Sync {
         None
     }
 
+    /// Right after a successful watch of `[start, end)`: `Some(shared)` when the backend can
+    /// prove, with the calls [`maybe_shared`](Self::maybe_shared) makes anyway, that one VMA
+    /// holds all of the range now and every unmap of it since the watch was reported (so the
+    /// registration's "still mapped" check needs no call of its own), with the answer to
+    /// `maybe_shared`. `None`: not proved (the core checks with `msync`). Issue 41.
+    fn covering(&self, _start: u64, _end: u64) -> Option<bool> {
+        None
+    }
+
+    /// Whether a successful watch of a one-page range proves that the page was mapped then
+    /// (and so watched: every later unmap of it is reported), so that a one-page registration
+    /// needs no "still mapped" check after its watch. Issue 41.
+    fn watch_maps_one_page(&self) -> bool {
+        false
+    }
+
     /// Whether the core may skip the watch call for a registration over pages this notifier
     /// counts, with no unmap of them delivered since (issue 12: no syscall for the watch on a
     /// cache miss over watched pages). That needs every unmap of a watched page to be delivered

@@ -8,7 +8,9 @@
 //! answered without `PROCMAP_QUERY` (docs/architecture/regions.md, "Every VMA lookup"):
 //! - the fresh-watch window's "is it shared": the backend first (`Watcher::maybe_shared`:
 //!   userfaultfd ioctls, O(log VMAs)), this file's `any_shared` only when that can not tell;
-//! - "still mapped after the watch": `covering`, else `sys::is_mapped` (`msync`, O(pages));
+//! - "still mapped after the watch": `covering`, else the backend's probe (`Watcher::covering`,
+//!   the same ioctls as `maybe_shared`) or, for one page on userfaultfd, the watch itself, else
+//!   `sys::is_mapped` (`msync`, O(pages));
 //! - the mapped parts of a range with holes: `for_each_mapped`, page by page up to
 //!   `Vmas::PAGE_WALK` pages;
 //! - the whole VMAs of a widened watch (`extent`): the file, only past the VMA budget;

@@ -35,6 +35,9 @@ pub(crate) struct Uffd {
     how: &'static str,
     /// Only private anonymous memory can be registered in write-protect mode here.
     anonymous_only: bool,
+    /// The kernel offers `WP_ASYNC` (Linux 6.7+): VMAs of any kind can be registered, by this
+    /// context or another; without it only anonymous, shmem and hugetlbfs ones.
+    files: bool,
 }
 
 /// Opens a context the first way that works: the syscall, the syscall with
@@ -104,6 +107,7 @@ impl Uffd {
             features: wanted,
             how,
             anonymous_only: offered & (feature::WP_ASYNC | feature::WP_HUGETLBFS_SHMEM) == 0,
+            files: offered & feature::WP_ASYNC != 0,
         })
     }
 
@@ -126,11 +130,35 @@ impl Uffd {
         if self.anonymous_only {
             return Some(false);
         }
+        self.probe(start, end).shared
+    }
+
+    /// Right after this context watched `[start, end)`: `Some(shared)` when the probe proved
+    /// that one registered VMA still holds all of it (no hole, nothing unmapped since the
+    /// watch without a message to this context), with whether it may be shared; `None` when
+    /// it did not (several VMAs, a kernel where the probe is not made). The probe the
+    /// fresh-watch window needs anyway, so the check that the range is still mapped costs no
+    /// call of its own (issue 41).
+    pub(crate) fn covering(&self, start: u64, end: u64) -> Option<bool> {
+        if self.anonymous_only {
+            return None;
+        }
+        match self.probe(start, end) {
+            sys::Probe {
+                shared: Some(shared),
+                one_vma: true,
+            } => Some(shared),
+            _ => None,
+        }
+    }
+
+    fn probe(&self, start: u64, end: u64) -> sys::Probe {
         sys::anonymous_probe(
             self.fd.as_fd(),
             start,
             end - start,
             crate::sys::page_size() as u64,
+            self.files,
         )
     }
 
@@ -468,6 +496,16 @@ impl UffdWatcher {
         &self.ctx
     }
 
+    /// Whether this watcher counts every page of `[start, end)`: the probe's ioctls must never
+    /// touch pages another library's userfaultfd context owns (the hybrid's hooks-only ranges).
+    fn watches_all(&self, start: u64, end: u64) -> bool {
+        let mut watched = 0;
+        self.ctx
+            .watches()
+            .covered_by(self.at, start, end, |s, e| watched += e - s);
+        watched == end - start
+    }
+
     /// Unwatches what of `[start, end)` no notifier watches any more.
     fn unwatch_unneeded(&self, w: &Watches, start: u64, end: u64) {
         for (s, e) in w.unneeded(self.at, start, end) {
@@ -488,16 +526,24 @@ impl Watcher for UffdWatcher {
     }
 
     fn maybe_shared(&self, start: u64, end: u64) -> Option<bool> {
-        // Only pages this watcher watches: the probe's ioctls must never touch pages another
-        // library's userfaultfd context owns (the hybrid's hooks-only ranges).
-        let mut watched = 0;
-        self.ctx
-            .watches()
-            .covered_by(self.at, start, end, |s, e| watched += e - s);
-        if watched != end - start {
+        if !self.watches_all(start, end) {
             return None;
         }
         self.ctx.inner.uffd.maybe_shared(start, end)
+    }
+
+    fn covering(&self, start: u64, end: u64) -> Option<bool> {
+        if !self.watches_all(start, end) {
+            return None;
+        }
+        self.ctx.inner.uffd.covering(start, end)
+    }
+
+    /// `UFFDIO_REGISTER` fails unless a VMA overlaps the range (every kernel since 4.3: the
+    /// first VMA ending above `start` must begin below `end`), and one page overlapped is one
+    /// page covered.
+    fn watch_maps_one_page(&self) -> bool {
+        true
     }
 
     fn unwatch(&self, start: u64, end: u64) {
@@ -672,16 +718,24 @@ pub(crate) fn probe() -> BackendReport {
         "PROCMAP_QUERY works: a watch's shared-memory check is one ioctl".to_owned()
     } else {
         {
-            let anon_only = Uffd::open().is_ok_and(|u| u.anonymous_only);
+            let u = Uffd::open().ok();
             format!(
                 "no PROCMAP_QUERY (Linux < 6.11): a watch's shared-memory check is {} (issue 41); \
                  over the VMA budget, and for ranges with holes, each VMA lookup reads all of \
                  /proc/self/maps (about 0.3 µs per VMA the process has)",
-                if anon_only {
-                    "free: only anonymous memory can be watched here"
-                } else {
-                    "UFFDIO_CONTINUE + UFFDIO_ZEROPAGE, O(log VMAs); ranges over several VMAs \
-                     read all of /proc/self/maps"
+                match u {
+                    Some(u) if u.anonymous_only => {
+                        "free: only anonymous memory can be watched here"
+                    }
+                    Some(u) if !u.files => {
+                        "UFFDIO_CONTINUE, O(log VMAs), which also proves the range still mapped; \
+                         ranges over several VMAs read all of /proc/self/maps"
+                    }
+                    _ => {
+                        "UFFDIO_CONTINUE + UFFDIO_ZEROPAGE, O(log VMAs), which also prove the \
+                         range still mapped; ranges over several VMAs read all of \
+                         /proc/self/maps"
+                    }
                 }
             )
         }
@@ -784,6 +838,36 @@ mod tests {
                     } else {
                         assert_eq!(got, Some(false), "{name}");
                     }
+                    // One VMA, just watched: the probe proves it is all there (private
+                    // anonymous memory always; shmem when the kernel gets to its pages, which
+                    // a second probe of the same pages may not), with a right answer.
+                    let covering = u.covering(p, p + 2 * pg);
+                    eprintln!("  covering: {covering:?}");
+                    if u.anonymous_only {
+                        assert_eq!(covering, None, "{name}");
+                    } else if shared {
+                        assert_ne!(covering, Some(false), "{name}");
+                    } else {
+                        assert_eq!(covering, Some(false), "{name}");
+                    }
+                    // Where the kernel lacks WP_ASYNC it registers only anonymous, shmem and
+                    // hugetlbfs VMAs, and the probe skips UFFDIO_ZEROPAGE: on those kinds it
+                    // must never say "private anonymous" of shared memory, and must of private.
+                    if !u.anonymous_only && !name.starts_with("file") {
+                        let short = sys::anonymous_probe(u.fd(), p, 2 * pg, pg, false);
+                        eprintln!("  without WP_ASYNC: {short:?}");
+                        if shared {
+                            assert_ne!(short.shared, Some(false), "{name}");
+                        } else {
+                            assert_eq!(
+                                short,
+                                sys::Probe {
+                                    shared: Some(false),
+                                    one_vma: true
+                                }
+                            );
+                        }
+                    }
                     // The probe changed no data.
                     // SAFETY: our own mapping.
                     let first = unsafe { (p as *const u8).read_volatile() };
@@ -809,6 +893,25 @@ mod tests {
                 u.anonymous_only.then_some(false)
             );
         }
+        // Nor does it prove them to be one mapping, however it is asked.
+        assert_eq!(u.covering(p, p + 2 * pg), None);
+        for files in [false, true] {
+            let probe = sys::anonymous_probe(u.fd(), p, 2 * pg, pg, files);
+            assert!(!probe.one_vma, "{probe:?}");
+        }
+        // A hole: its two watched pages are no proof for the range around it.
+        let holed = map(libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1);
+        // SAFETY: unmaps the second page of our own (unwatched) mapping.
+        unsafe { libc::munmap((holed + pg) as *mut libc::c_void, pg as usize) };
+        u.watch(holed, holed + pg).unwrap();
+        assert!(u.watch(holed + pg, holed + 2 * pg).is_err());
+        assert_eq!(u.covering(holed, holed + 2 * pg), None);
+        if !u.anonymous_only {
+            assert_eq!(u.covering(holed, holed + pg), Some(false));
+        }
+        let _ = u.unwatch(holed, holed + pg);
+        // SAFETY: our own page.
+        unsafe { libc::munmap(holed as *mut libc::c_void, pg as usize) };
         let _ = u.unwatch(p, p + 2 * pg);
         let _ = u.unwatch(shared, shared + 2 * pg);
         // SAFETY: our own mappings and fd.

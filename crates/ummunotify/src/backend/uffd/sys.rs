@@ -142,7 +142,7 @@ struct UffdioFill {
 }
 const _: () = assert!(std::mem::size_of::<UffdioFill>() == 32);
 
-/// What kind of mapping holds the registered range `[start, start + len)`, from two
+/// What kind of mapping holds the registered range `[start, start + len)`, from one or two
 /// userfaultfd ioctls whose checks the kernel makes before doing anything, O(log VMAs) each
 /// (issue 41: on kernels without `PROCMAP_QUERY` the other way to know is reading all of
 /// `/proc/self/maps`):
@@ -152,14 +152,35 @@ const _: () = assert!(std::mem::size_of::<UffdioFill>() == 32);
 ///   hugetlbfs. On shmem it maps the range's pages that are in the page cache but not in our
 ///   page table, stopping at the first that is (`EEXIST`) or is not in the cache (`EFAULT`):
 ///   what a fault on them, or the registrar's pin right after a cache miss, does.
-/// - then `UFFDIO_ZEROPAGE` of the first page answers `EINVAL` unless the VMA is private
-///   anonymous memory (or shmem, excluded above); on anonymous memory it maps the zero page
-///   there if nothing is mapped (`EEXIST` otherwise), as a read fault would.
+/// - then, only where `files` (the kernel offers `WP_ASYNC`, Linux 6.7+: any VMA can be
+///   registered in write-protect mode), `UFFDIO_ZEROPAGE` of the first page answers `EINVAL`
+///   unless the VMA is private anonymous memory (or shmem, excluded above); on anonymous memory
+///   it maps the zero page there if nothing is mapped (`EEXIST` otherwise), as a read fault
+///   would. Without `WP_ASYNC` the kernel registers only anonymous, shmem and hugetlbfs VMAs
+///   (`vma_can_userfault`, every mode, any context), so `CONTINUE`'s `EINVAL` already means
+///   private anonymous: one ioctl (Linux 6.0 to 6.6, Debian 12's 6.1).
 ///
-/// `Some(true)`: shmem, hugetlbfs or another file (shared, or maybe so); `Some(false)`: one
-/// private anonymous VMA; `None`: the answer is not known (several VMAs, a changing address
-/// space, an older kernel): the caller looks another way.
-pub(crate) fn anonymous_probe(fd: BorrowedFd<'_>, start: u64, len: u64, page: u64) -> Option<bool> {
+/// `shared`: `Some(true)` for shmem, hugetlbfs or another file (shared, or maybe so),
+/// `Some(false)` for one private anonymous VMA, `None` when not known (several VMAs, a changing
+/// address space, an older kernel): the caller looks another way. `one_vma`: the kernel got past
+/// its range check, so one VMA registered with a userfaultfd context held the whole range when it
+/// looked: for a range this context had just watched, the range is still mapped, with no hole
+/// (`Watcher::covering`). Only answers the kernel gives after that check count (`EINVAL`, and
+/// shmem's `EEXIST`, `EFAULT` or success); `ENOMEM` (Linux 6.10+ prepares the anonymous VMA
+/// before it looks at the range's end) and the rest do not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Probe {
+    pub(crate) shared: Option<bool>,
+    pub(crate) one_vma: bool,
+}
+
+pub(crate) fn anonymous_probe(
+    fd: BorrowedFd<'_>,
+    start: u64,
+    len: u64,
+    page: u64,
+    files: bool,
+) -> Probe {
     let fill = |request, len| {
         let mut arg = UffdioFill {
             range: UffdioRange { start, len },
@@ -180,20 +201,26 @@ pub(crate) fn anonymous_probe(fd: BorrowedFd<'_>, start: u64, len: u64, page: u6
             Err(io::Error::last_os_error().raw_os_error().unwrap_or(0))
         }
     };
+    let answer = |shared, one_vma| Probe { shared, one_vma };
     match fill(UFFDIO_CONTINUE, len) {
+        // Neither shmem nor hugetlbfs: private anonymous where nothing else registers.
+        Err(libc::EINVAL) if !files => return answer(Some(false), true),
         Err(libc::EINVAL) => {}
+        // It went on to the pages: shmem or hugetlbfs.
+        Ok(()) | Err(libc::EEXIST | libc::EFAULT) => return answer(Some(true), true),
         // Not one registered VMA, mmap_changing, no UFFDIO_CONTINUE (Linux < 5.13), ...
         Err(libc::ENOENT | libc::EAGAIN | libc::ENOTTY | libc::ENOSYS | libc::ESRCH) => {
-            return None
+            return answer(None, false)
         }
-        // It went on to the pages: shmem or hugetlbfs.
-        Ok(()) | Err(_) => return Some(true),
+        // Anything else: maybe shared, and nothing proved about the range.
+        Err(_) => return answer(Some(true), false),
     }
-    match fill(UFFDIO_ZEROPAGE, page) {
+    let shared = match fill(UFFDIO_ZEROPAGE, page) {
         Ok(()) | Err(libc::EEXIST) => Some(false),
         Err(libc::EINVAL) => Some(true),
         Err(_) => None,
-    }
+    };
+    answer(shared, true)
 }
 
 /// `ioctl(2)` as a raw syscall, never through the `ioctl` symbol: a library that interposes
