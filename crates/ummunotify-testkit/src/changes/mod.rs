@@ -260,7 +260,9 @@ impl ChangeKind {
             "hybrid" => self.hybrid_reports(),
             "ebpf" => self.ebpf_reports(),
             "perf" => self.perf_reports(),
-            "kernel" => true,
+            // Both see every invalidation of the mm: the MMU notifiers, and the tracepoints on
+            // their path (kernel/patches/mmu-notifier-trace/).
+            "kernel" | "tracepoint" => true,
             _ => return None,
         })
     }
