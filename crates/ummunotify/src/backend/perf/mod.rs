@@ -641,8 +641,8 @@ impl Perf {
                         last = Some((tid, time));
                     }
                     Record::RangeEnd {
-                        tid, time, start, ..
-                    } => range_end(d, target, tid, time, start),
+                        tid, start, end, ..
+                    } => range_end(d, target, tid, (start, end)),
                     _ => {}
                 },
             );
@@ -819,13 +819,35 @@ fn range_start(d: &mut Drain, t: &dyn Target, tid: i32, time: u64, range: (u64, 
     );
 }
 
-/// `mmu_notifier_invalidate_range_end`: task `tid`'s change is done.
-fn range_end(d: &mut Drain, t: &dyn Target, tid: i32, time: u64, start: u64) {
-    if tid == d.canary_tid && start == d.canary_addr {
+/// `mmu_notifier_invalidate_range_end`: task `tid`'s change of `range` is done.
+///
+/// Matched to its start by task and range, not by time: the records' clock may be coarse (the
+/// TCG guest's `CLOCK_MONOTONIC` ticks in jiffies, so a start and its end often carry the same
+/// time, and a time comparison left their window open until the core's grace). The two-snapshot
+/// pull already delivers a start before its end. An end of a task with no start since open (or
+/// since a loss) is an unknown change: everything. An end whose start was already ended by a
+/// later start of the same task (nested invalidations) has nothing left to do.
+fn range_end(d: &mut Drain, t: &dyn Target, tid: i32, range: (u64, u64)) {
+    if tid == d.canary_tid && range.0 == d.canary_addr {
         d.seen |= 2;
         return;
     }
-    end_call(d, t, tid, time);
+    let want = (range.0 < range.1).then_some(range);
+    match d.open.iter_mut().flatten().find(|c| c.tid == tid) {
+        Some(c) => {
+            if let Some(o) = c.open {
+                if o.ranges[0] == want {
+                    c.open = None;
+                    ended(t, o);
+                }
+            }
+            d.stats.exits += 1;
+        }
+        None => {
+            d.stats.orphan_exits += 1;
+            t.invalidate_all();
+        }
+    }
 }
 
 /// What `umn doctor` says about the perf backend.

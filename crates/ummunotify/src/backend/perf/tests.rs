@@ -846,3 +846,46 @@ fn mmu_a_full_ring_means_everything_changed_and_the_ring_recovers_body() {
     );
     munmap(a, PAGE);
 }
+
+fn empty_drain() -> super::Drain {
+    super::Drain {
+        begun: Vec::new(),
+        h1: Vec::new(),
+        h2: Vec::new(),
+        open: [None; super::OPEN_CALLS],
+        brk_top: 0,
+        canary_tid: 0,
+        seen: 0,
+        canary_addr: 0,
+        lost_since_canary: false,
+        stats: super::PerfStats::default(),
+    }
+}
+
+/// A start and its end with the same timestamp (the TCG guest's clock ticks in jiffies): the end
+/// must still close the window and make the second pass. Matching by time left the window open
+/// until the core's grace, and every event of the region was handed out again and again.
+#[test]
+fn mmu_an_end_closes_its_start_even_at_the_same_time() {
+    let (mut d, rec) = (empty_drain(), Recorder::default());
+    super::range_start(&mut d, &rec, 5, 100, (0x1000, 0x3000), 1);
+    super::range_end(&mut d, &rec, 5, (0x1000, 0x3000));
+    let evs = rec.take();
+    let w = window(&evs, 0x1000, 0x3000).expect("no window");
+    assert!(evs.contains(&Ev::Close(w)), "{evs:?}");
+    assert!(evs.contains(&Ev::Again(0x1000, 0x3000, false)), "{evs:?}");
+    assert!(!evs.contains(&Ev::All), "{evs:?}");
+    // Nested in one task: the inner start ends the outer (conservatively early); the inner end
+    // closes the inner; the outer end then has nothing left.
+    super::range_start(&mut d, &rec, 5, 100, (0x1000, 0x9000), 0);
+    super::range_start(&mut d, &rec, 5, 100, (0x2000, 0x3000), 1);
+    super::range_end(&mut d, &rec, 5, (0x2000, 0x3000));
+    super::range_end(&mut d, &rec, 5, (0x1000, 0x9000));
+    let evs = rec.take();
+    let closes = evs.iter().filter(|e| matches!(e, Ev::Close(_))).count();
+    assert_eq!(closes, 2, "{evs:?}");
+    assert!(!evs.contains(&Ev::All), "{evs:?}");
+    // An end from a task never seen to start (its start predates the events): everything.
+    super::range_end(&mut d, &rec, 77, (0x1000, 0x2000));
+    assert!(rec.take().contains(&Ev::All));
+}
