@@ -831,7 +831,12 @@ fn mmu_a_full_ring_means_everything_changed_and_the_ring_recovers_body() {
         "no invalidate_all after an overflow"
     );
     assert!(perf.stats().overflows > before);
-    println!("UMN-MMU-OVERFLOW 20000 zaps: kernel dropped {lost} samples, 1 invalidate_all");
+    // stderr: the isolated child's stdout is the harness's, its stderr reaches the log.
+    let n = perf.stats().overflows - before;
+    eprintln!(
+        "UMN-MMU-OVERFLOW 20000 zaps with nobody pulling: the kernel dropped {lost} samples; \
+         {n} invalidate_all"
+    );
     perf.pull(&rec);
     rec.take();
     let b = a + PAGE as u64;
