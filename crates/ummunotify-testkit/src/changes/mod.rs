@@ -251,8 +251,9 @@ impl ChangeKind {
     }
 
     /// Whether the backend named `backend` (`umn`'s and `UMN_BACKEND`'s names: `uffd`, `hooks`,
-    /// `hybrid`, `ebpf`, `kernel`, `perf`) is expected to see this kind; `None` for a name this
-    /// catalogue does not know. The module's MMU notifiers (`kernel`) see every kind.
+    /// `hybrid`, `ebpf`, `kernel`, `perf`, `tracepoint`) is expected to see this kind; `None` for
+    /// a name this catalogue does not know. The module's MMU notifiers (`kernel`) and the
+    /// tracepoints on their path (`tracepoint`) see every kind.
     pub fn expected_on(self, backend: &str) -> Option<bool> {
         Some(match backend {
             "uffd" => self.userfaultfd_reports(),
