@@ -95,10 +95,10 @@ impl Drop for Page {
 /// The tracepoints' ids and layout (tracefs), without our mm yet.
 fn tracepoints() -> Result<Mmu, crate::Unsupported> {
     let root = sys::tracefs().ok_or_else(|| {
-        missing(
-            "mmu_notifier tracepoints: tracefs is not mounted (as root: mount -t tracefs nodev \
-             /sys/kernel/tracing); the tracepoint ids live there",
-        )
+        missing(format!(
+            "mmu_notifier tracepoints: {}",
+            sys::tracefs_missing()
+        ))
     })?;
     let id = |name: &str| {
         sys::event_id(root, SYSTEM, name).map_err(|e| {

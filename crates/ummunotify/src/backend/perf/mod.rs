@@ -301,12 +301,7 @@ fn missing(what: impl Into<String>) -> crate::Unsupported {
 
 /// The `sys_enter_*`/`sys_exit_*` ids of every traced call, or what is missing.
 fn tracepoint_ids() -> Result<Ids, crate::Unsupported> {
-    let root = sys::tracefs().ok_or_else(|| {
-        missing(
-            "tracefs is not mounted (as root: mount -t tracefs nodev /sys/kernel/tracing); the \
-             tracepoint ids live there",
-        )
-    })?;
+    let root = sys::tracefs().ok_or_else(|| missing(sys::tracefs_missing()))?;
     let mut ids = [(0, Syscall::Munmap, false); 2 * Syscall::ALL.len()];
     for (i, &call) in Syscall::ALL.iter().enumerate() {
         let name = call.name();

@@ -200,6 +200,23 @@ pub(super) fn tracefs() -> Option<&'static str> {
         .find(|p| std::path::Path::new(&format!("{p}/events")).is_dir())
 }
 
+/// Why [`tracefs`] found none, in words a user can act on: not mounted, or mounted where this
+/// user can not look (tracefs is root-only by default).
+pub(super) fn tracefs_missing() -> String {
+    let denied = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
+        .into_iter()
+        .find(|p| std::fs::read_dir(p).is_err_and(|e| e.kind() == io::ErrorKind::PermissionDenied));
+    match denied {
+        Some(p) => format!(
+            "tracefs at {p} is not readable by this user ({p} is root-only unless an \
+             administrator opens it); the tracepoint ids live there"
+        ),
+        None => "tracefs is not mounted (as root: mount -t tracefs nodev /sys/kernel/tracing); \
+                 the tracepoint ids live there"
+            .to_string(),
+    }
+}
+
 /// The id of tracepoint `syscalls/NAME` under tracefs `root`.
 pub(super) fn tracepoint_id(root: &str, name: &str) -> io::Result<u64> {
     event_id(root, "syscalls", name)
