@@ -761,8 +761,8 @@ const ummunotify_counter_word *ummunotify_notifier_counter(const struct ummunoti
 
 /*
  The backend this notifier runs on, as a static NUL-terminated name: `"uffd"`, `"hooks"`,
- `"hybrid"`, `"perf"`, `"ebpf"` or `"kernel"` (what `UMN_BACKEND` chose; `auto` resolves to
- one of them), as `umn doctor` names them. NULL for a NULL notifier. The string lives as long
+ `"hybrid"`, `"perf"`, `"tracepoint"`, `"ebpf"` or `"kernel"` (what `UMN_BACKEND` chose;
+ `auto` resolves to one of them), as `umn doctor` names them. NULL for a NULL notifier. The string lives as long
  as the process.
 
  # Safety

@@ -6,7 +6,8 @@
 # redone). Prints the build directory on its last line.
 #
 # With UMN_KERNEL_PATCH=file (a -p1 patch against the source), or =directory (a series: its
-# *.patch files applied in name order, e.g. kernel/patches/uffd-remove-done/), the patches are
+# *.patch files applied in name order, e.g. kernel/patches/uffd-remove-done/), or several of
+# either separated by ':' (applied in that order), the patches are
 # applied after extraction and their contents are part of the key: a patched kernel is a build of
 # its own, next to the stock one. When the stock build is cached, the patched one starts from a
 # copy of it (timestamps kept), so make recompiles only what the patches touch.
@@ -22,15 +23,20 @@ tarball=/usr/src/linux-source-6.1.tar.xz
 version=$(dpkg-query -W -f='${Version}' linux-source-6.1)
 # Bump recipe when a change to the steps below must invalidate cached builds.
 recipe=2
-patch_src=${UMN_KERNEL_PATCH:-}
 patches=()
-if [ -d "$patch_src" ]; then
-    mapfile -t patches < <(find "$patch_src" -maxdepth 1 -name '*.patch' | LC_ALL=C sort)
-    [ ${#patches[@]} -gt 0 ] || { echo "build-kernel: no *.patch in $patch_src" >&2; exit 1; }
-elif [ -n "$patch_src" ]; then
-    [ -f "$patch_src" ] || { echo "build-kernel: $patch_src missing" >&2; exit 1; }
-    patches=("$patch_src")
-fi
+# UMN_KERNEL_PATCH may name several files or series, separated by ':', applied in that order
+# (ci.sh: uffd-remove-done, then mmu-notifier-trace, in one patched kernel).
+IFS=: read -r -a patch_srcs <<<"${UMN_KERNEL_PATCH:-}"
+for patch_src in "${patch_srcs[@]}"; do
+    if [ -d "$patch_src" ]; then
+        mapfile -t series < <(find "$patch_src" -maxdepth 1 -name '*.patch' | LC_ALL=C sort)
+        [ ${#series[@]} -gt 0 ] || { echo "build-kernel: no *.patch in $patch_src" >&2; exit 1; }
+        patches+=("${series[@]}")
+    elif [ -n "$patch_src" ]; then
+        [ -f "$patch_src" ] || { echo "build-kernel: $patch_src missing" >&2; exit 1; }
+        patches+=("$patch_src")
+    fi
+done
 extra=${UMN_KERNEL_CONFIG_EXTRA:-}
 [ -z "$extra" ] || [ -f "$extra" ] || { echo "build-kernel: $extra missing" >&2; exit 1; }
 # The stock key is kernel.config and the recipe; patches and an extra fragment append their text

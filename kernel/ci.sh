@@ -10,7 +10,10 @@
 # UMN_STRESS_SECS (REMOVE stress seconds per implementation, default 10), UMN_BENCH=0 to skip
 # the benchmarks (the C one and `umn designs`), UMN_STORM (regions in `umn designs`' storm,
 # default 100000), UMN_RACE_SECS (seconds per kind of the Rust REMOVE race, default 5),
-# UMN_GUEST_TIMEOUT (seconds per guest, default 900), UMN_PATCHED=0 to skip the second guest,
+# UMN_GUEST_TIMEOUT (seconds per guest, default 900; 1500 for the patched one), UMN_STOCK=0 to
+# skip the first guest, UMN_BENCH_FULL=1 for the patched guest's full bench rows (100,000-region
+# storms; docs/DESIGNS.md's run),
+# UMN_PATCHED=0 to skip the second guest,
 # UMN_DEBUG=0 to skip the third, UMN_UFFD_SELFTEST (userfaultfd selftest's MiB,bounces; 4,16),
 # UMN_FUZZ_SECS (the debug guest's fuzzer, default 60), UMN_FUZZ_SEED (default: a fresh
 # random one; printed here and in the log's UMN-FUZZ line).
@@ -42,15 +45,21 @@ checkpatch=(perl "$kdir/scripts/checkpatch.pl" --no-tree --quiet)
 "${checkpatch[@]}" --file kernel/module/*.c kernel/module/*.h >&2 ||
     { say "FAIL: checkpatch on kernel/module"; exit 1; }
 # Each patch on stdin: checkpatch treats a file git tracks as a source file, not as a patch.
-for p in kernel/patches/uffd-remove-done/*.patch; do
+for p in kernel/patches/uffd-remove-done/*.patch kernel/patches/mmu-notifier-trace/*.patch; do
     "${checkpatch[@]}" - <"$p" >&2 || { say "FAIL: checkpatch on $p"; exit 1; }
 done
-say "checkpatch: kernel/module and kernel/patches/uffd-remove-done/ clean"
-# The patched kernel (kernel/patches/uffd-remove-done/, a build of its own), here so that the
-# initramfs can carry the series' userfaultfd selftest built from its tree.
+# The tracepoint patch (issue 43) is held to --strict too.
+for p in kernel/patches/mmu-notifier-trace/*.patch; do
+    "${checkpatch[@]}" --strict - <"$p" >&2 || { say "FAIL: checkpatch --strict on $p"; exit 1; }
+done
+say "checkpatch: kernel/module and kernel/patches/{uffd-remove-done,mmu-notifier-trace}/ clean"
+# The patched kernel (kernel/patches/uffd-remove-done/ then kernel/patches/mmu-notifier-trace/,
+# one build of its own, started from a copy of the stock build: make recompiles what the
+# patches touch, about 100 CPU-s), here so that the initramfs can carry the series' userfaultfd
+# selftest built from its tree.
 pdir=
 if [ "${UMN_PATCHED:-1}" != 0 ]; then
-    pdir=$(UMN_KERNEL_PATCH="$repo/kernel/patches/uffd-remove-done" \
+    pdir=$(UMN_KERNEL_PATCH="$repo/kernel/patches/uffd-remove-done:$repo/kernel/patches/mmu-notifier-trace" \
         bash "$repo/kernel/build-kernel.sh" | tail -n 1)
     say "patched kernel: $pdir"
 fi
@@ -71,14 +80,18 @@ build_module() { # kernel-dir build-dir
 build_module "$kdir" "$out/module"
 ko="$out/module/ummunotify.ko"
 [ -z "$ddir" ] || build_module "$ddir" "$out/module-debug"
+# The module for the patched guest (issue 43: the 2010 device beside the tracepoints there).
+[ -z "$pdir" ] || build_module "$pdir" "$out/module-patched"
 
 # 3. The preload and the C library (cargo), the Rust programs (umn: coverage and the designs
 # side by side; the kernel backend's tests), and the C programs.
 cargo build -q --release -p ummunotify-compat -p ummunotify-capi -p umn
 rel="$repo/target/release"
 # The two Rust test binaries the guest runs, built by one cargo call; their paths from its JSON.
-test_binaries "$out" kernel_backend remove_race -- -p ummunotify --test kernel_backend \
-    --test remove_race
+# The library's own unit tests too (target `ummunotify`): the patched guest runs the
+# MMU-notifier tracepoint backend's (backend::perf::tests::mmu_*).
+test_binaries "$out" kernel_backend remove_race ummunotify -- -p ummunotify --lib \
+    --test kernel_backend --test remove_race
 cflags=(-std=gnu11 -Wall -Wextra -Werror -O2 -g -pthread)
 gcc "${cflags[@]}" -I crates/ummunotify-compat/tests/c -I kernel/guest \
     kernel/guest/abi2010-suite.c -o "$out/abi2010-suite"
@@ -92,7 +105,7 @@ gcc "${cflags[@]}" -I include -I kernel/guest kernel/guest/capi_smoke.c -o "$out
     -L "$rel" -lummunotify -Wl,-rpath,/lib
 progs=("$out/abi2010-suite" "$out/exact2010" "$out/remove_stress" "$out/capi_smoke" \
     "$out/kernel_backend" "$rel/umn" "$out/remove_race" "$out/uffd_remove_done" "$out/lifecycle"
-    "$out/account" "$out/fuzz")
+    "$out/account" "$out/fuzz" "$out/ummunotify")
 # userfaultfd's own selftest (tools/testing/selftests/vm/userfaultfd.c), built as its Makefile
 # does but static, against the tree's own uapi header: "stock" from the stock tree (it runs in
 # both guests: the patched kernel must give the same results), "series" from the patched tree
@@ -127,6 +140,7 @@ done
 cp "$repo/kernel/guest/init" "$root/init"
 cp "$ko" "$root/lib/ummunotify.ko"
 [ -z "$ddir" ] || cp "$out/module-debug/ummunotify.ko" "$root/lib/ummunotify-debug.ko"
+[ -z "$pdir" ] || cp "$out/module-patched/ummunotify.ko" "$root/lib/ummunotify-patched.ko"
 cp "$rel/libummunotify_compat.so" "$root/lib/libummunotify-compat.so"
 # The C library's SONAME is libummunotify.so.0 (what programs linked with -lummunotify load).
 cp "$rel/libummunotify.so" "$root/lib/libummunotify.so.0"
@@ -148,7 +162,8 @@ say "initramfs: $(du -h "$out/initrd.gz" | cut -f1)"
 # each: plain `-smp 2` is one socket, and this kernel (no ACPI) then sees one CPU from the MP
 # table; compare.py fails a guest that reports fewer than 2.
 timeout_s=${UMN_GUEST_TIMEOUT:-900}
-boot() { # kernel-dir log extra-cmdline
+boot() { # kernel-dir log extra-cmdline [timeout]
+    local timeout_s=${4:-$timeout_s}
     say "booting the guest on $1 (timeout ${timeout_s}s, log $2)"
     set +e
     timeout -k 10 "$timeout_s" qemu-system-x86_64 -accel tcg -smp 2,sockets=2,cores=1,threads=1 -m 1024 -nographic -no-reboot \
@@ -166,15 +181,23 @@ boot() { # kernel-dir log extra-cmdline
     fi
 }
 log="$out/guest.log"
-boot "$kdir" "$log" ""
+# UMN_STOCK=0 skips the stock guest (a development run of the patched one; its selftest
+# comparison then uses the stock log a previous run left, or fails for want of one).
+if [ "${UMN_STOCK:-1}" != 0 ]; then
+    boot "$kdir" "$log" ""
 
-# 6. The verdict.
-python3 "$repo/kernel/compare.py" "$log.txt" "$repo/kernel/expected-divergences.txt"
+    # 6. The verdict.
+    python3 "$repo/kernel/compare.py" "$log.txt" "$repo/kernel/expected-divergences.txt"
+fi
 
 # 7. The patched kernel (item 6 of issue 15): userfaultfd's REMOVE with an end; userfaultfd's
 # selftest there must give what it gave on the stock kernel (issue 24).
 if [ -n "$pdir" ]; then
-    boot "$pdir" "$out/guest-patched.log" "umn.phase=patched"
+    # Issue 43 adds the tracepoint backend's tests, three coverages, three backends' bench
+    # rows and umn designs to this guest: the whole `UMN_STOCK=0 UMN_DEBUG=0` run took 3:46
+    # wall with kernels cached (14:38 with UMN_BENCH_FULL=1). Its own default timeout.
+    boot "$pdir" "$out/guest-patched.log" "umn.phase=patched umn.bench_full=${UMN_BENCH_FULL:-0}" \
+        "${UMN_GUEST_TIMEOUT:-1500}"
     python3 "$repo/kernel/compare.py" --patched "$out/guest-patched.log.txt" "$log.txt"
 fi
 

@@ -252,8 +252,54 @@ def judge_selftest(runs, skips, build, label):
     return problems
 
 
+# The patched guest's three designs side by side (issue 43): Ingo Molnar's tracepoints
+# (kernel/patches/mmu-notifier-trace/), the 2010 device (the module) and userfaultfd.
+PATCHED_COVERAGE_BACKENDS = ("tracepoint", "kernel", "uffd")
+
+
+def parse_bench43(path):
+    """UMN-BENCH43 UMN-BENCH-ROW<TAB>backend<TAB>row<TAB>value<TAB>baseline<TAB>base value<TAB>unit"""
+    rows = []
+    for line in open(path, encoding="utf-8", errors="replace").read().splitlines():
+        if line.startswith("UMN-BENCH43 UMN-BENCH-ROW\t"):
+            f = line.split("\t")[1:]
+            if len(f) == 6:
+                rows.append(f)
+    return rows
+
+
+def judge_patched_designs(log, codes, coverage, designs):
+    """The tracepoint backend's tests, the three coverages, the bench rows; returns problems."""
+    problems = []
+    if codes.get(("tracepoint", "mmu_tests")) != "0":
+        problems.append("the tracepoint backend's tests (backend::perf::tests::mmu_*) failed or "
+                        f"never ran: exit {codes.get(('tracepoint', 'mmu_tests'))}")
+    for backend in PATCHED_COVERAGE_BACKENDS:
+        problems += judge_coverage(backend, coverage.get(backend),
+                                   codes.get((backend, "coverage")))
+    rows = parse_bench43(log)
+    if rows:
+        print("\nbench rows, patched guest (QEMU TCG: ns, compare ratios only)")
+        print(f"{'backend':<11} {'row':<32} {'value':>12} {'baseline':>12} {'ratio':>7}  baseline")
+        for backend, row, v, base, bv, unit in rows:
+            ratio = f"{float(v) / float(bv):.2f}" if float(bv) > 0 else "-"
+            print(f"{backend:<11} {row:<32} {float(v):>12.1f} {float(bv):>12.1f} {ratio:>7}  "
+                  f"{base} ({unit})")
+            if row == "storm_100k_lost" and float(v) != 0:
+                problems.append(f"bench {backend}: {v} regions still valid after the storm")
+        for backend in PATCHED_COVERAGE_BACKENDS:
+            if codes.get((backend, "bench_backend")) != "0":
+                problems.append(f"bench {backend}: exit {codes.get((backend, 'bench_backend'))}")
+    if designs:
+        print_designs(designs)
+        if codes.get(("designs", "umn_designs")) != "0":
+            problems.append("umn designs (patched) failed: exit "
+                            f"{codes.get(('designs', 'umn_designs'))}")
+    return problems
+
+
 def patched_main(log, stock_log=None):
-    results, done, _, dmesg_bad, _, stress, _, codes, _, _ = parse_log(log)
+    results, done, _, dmesg_bad, _, stress, _, codes, coverage, designs = parse_log(log)
     problems = []
     # userfaultfd's selftest: the stock build must give on the patched kernel exactly what it
     # gave on the stock one; the series' build (with the REMOVE_DONE test) must pass.
@@ -298,13 +344,16 @@ def patched_main(log, stock_log=None):
     if results.get(("preload", "remove_stress/madvise_vs_register")) != "PASS":
         problems.append("patched: the 2010 REMOVE stress through the preload found a stale hit")
     problems += judge_race("patched (signal off)", parse_races(log).get("patched"), True, True)
+    print("\npatched kernel (kernel/patches/mmu-notifier-trace/): the tracepoints, the module, "
+          "userfaultfd")
+    problems += judge_patched_designs(log, codes, coverage, designs)
     if problems:
         print("\nkernel/ci.sh (patched): FAIL")
         for p in problems:
             print(f"  - {p}")
         return 1
     print("\nkernel/ci.sh (patched): the patch's test passes; 0 stale uses, every REMOVE ended "
-          "by the kernel")
+          "by the kernel; the tracepoint backend sees every kind with 0 stale uses")
     return 0
 
 

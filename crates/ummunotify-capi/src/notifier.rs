@@ -519,8 +519,8 @@ pub unsafe extern "C" fn ummunotify_notifier_counter(
 }
 
 /// The backend this notifier runs on, as a static NUL-terminated name: `"uffd"`, `"hooks"`,
-/// `"hybrid"`, `"perf"`, `"ebpf"` or `"kernel"` (what `UMN_BACKEND` chose; `auto` resolves to
-/// one of them), as `umn doctor` names them. NULL for a NULL notifier. The string lives as long
+/// `"hybrid"`, `"perf"`, `"tracepoint"`, `"ebpf"` or `"kernel"` (what `UMN_BACKEND` chose;
+/// `auto` resolves to one of them), as `umn doctor` names them. NULL for a NULL notifier. The string lives as long
 /// as the process.
 ///
 /// # Safety

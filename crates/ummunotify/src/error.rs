@@ -92,7 +92,7 @@ impl fmt::Display for Unsupported {
             }
             Unsupported::UnknownBackend { value } => write!(
                 f,
-                "UMN_BACKEND={value:?} names no backend (expected auto, uffd, hooks, hybrid, ebpf, kernel or perf)"
+                "UMN_BACKEND={value:?} names no backend (expected auto, uffd, hooks, hybrid, ebpf, kernel, perf or tracepoint)"
             ),
             Unsupported::Perf { missing } => {
                 write!(f, "the perf tracepoint backend can not run: {missing}")

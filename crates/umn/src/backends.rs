@@ -21,6 +21,9 @@
 //!   every libc call, registered or not (issue 11's +30 ns; about 1.0 where nothing is hooked);
 //! * `getpid_other_process` — a getpid loop in *another* process while the backend is active vs
 //!   while it is not (paired, alternating): the tax on what is not registered at all;
+//! * `munmap_other_process` — the same with an mmap + touch + munmap of one page per round:
+//!   the tax on another process's invalidations (the MMU-notifier tracepoints' filter runs for
+//!   every task's invalidation while the `tracepoint` backend's CPU-wide events exist);
 //! * `memory_per_region` (bytes) — RSS growth per registered one-page region (100,000 of them)
 //!   vs a 4 KiB page;
 //! * `storm_100k_munmap` — 100,000 registered pages unmapped one call each, back to back, vs an
@@ -65,6 +68,7 @@ pub const ROWS: &[&str] = &[
     "libc_munmap_unregistered_4k",
     "libc_madvise_unregistered_4k",
     "getpid_other_process",
+    "munmap_other_process",
     "memory_per_region",
     "storm_100k_munmap",
     "storm_100k_lost",
@@ -122,7 +126,15 @@ pub trait RowSource {
 /// Every source this build knows, in the table's order.
 pub fn sources(exe: &std::path::Path) -> Vec<Box<dyn RowSource>> {
     let mut v: Vec<Box<dyn RowSource>> = Vec::new();
-    for name in ["uffd", "hooks", "hybrid", "perf", "ebpf", "kernel"] {
+    for name in [
+        "uffd",
+        "hooks",
+        "hybrid",
+        "perf",
+        "tracepoint",
+        "ebpf",
+        "kernel",
+    ] {
         if Backend::from_name(name).is_some() {
             v.push(Box::new(InChild {
                 exe: exe.to_path_buf(),
@@ -196,12 +208,19 @@ pub fn child_main(name: &str, quick: bool) -> Result<(), String> {
     Ok(())
 }
 
-/// The other process of `getpid_other_process`: `n` raw getpid calls, ns per call on stdout.
-pub fn getpid_main(n: u64) {
+/// The other process of `getpid_other_process`: `n` raw getpid calls, ns per call on stdout;
+/// with `munmap` (`munmap_other_process`), `n` rounds of mmap + touch + munmap of one page.
+pub fn getpid_main(n: u64, munmap: bool) {
     let t = Instant::now();
     for _ in 0..n {
-        // SAFETY: getpid has no preconditions.
-        black_box(unsafe { libc::syscall(libc::SYS_getpid) });
+        if munmap {
+            let p = map(PG);
+            touch(p, PG);
+            unmap(p, PG);
+        } else {
+            // SAFETY: getpid has no preconditions.
+            black_box(unsafe { libc::syscall(libc::SYS_getpid) });
+        }
     }
     println!("{}", t.elapsed().as_nanos() as f64 / n as f64);
 }
@@ -246,11 +265,16 @@ fn rss_bytes() -> f64 {
     pages * PG as f64
 }
 
-/// The other process's getpid cost now (ns per call).
-fn getpid_elsewhere(n: u64) -> Result<f64, String> {
+/// The other process's getpid cost now (ns per call), or with `munmap` its mmap + touch +
+/// munmap round's.
+fn getpid_elsewhere(n: u64, munmap: bool) -> Result<f64, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let out = Command::new(exe)
-        .args([GETPID, &n.to_string()])
+    let mut cmd = Command::new(exe);
+    cmd.args([GETPID, &n.to_string()]);
+    if munmap {
+        cmd.arg("--munmap");
+    }
+    let out = cmd
         .env_remove(ummunotify::BACKEND_ENV)
         .output()
         .map_err(|e| e.to_string())?;
@@ -451,24 +475,33 @@ fn measure(name: &str, backend: Backend, quick: bool) -> Result<Vec<Row>, String
     // vs with no notifier, alternating.
     drop(n);
     let calls = 2_000_000 / scale as u64;
-    let (mut on, mut off) = (Vec::new(), Vec::new());
-    for _ in 0..5 {
-        let n = Notifier::with_backend(backend).map_err(e)?;
-        let p = map(PG);
-        touch(p, PG);
-        n.register(p..p + PG, Cookie(1)).map_err(e)?;
-        on.push(getpid_elsewhere(calls)?);
-        drop(n);
-        unmap(p, PG);
-        off.push(getpid_elsewhere(calls)?);
+    for (munmap, calls, name, base) in [
+        (
+            false,
+            calls,
+            "getpid_other_process",
+            "getpid_other_process_no_backend",
+        ),
+        (
+            true,
+            calls / 20,
+            "munmap_other_process",
+            "munmap_other_process_no_backend",
+        ),
+    ] {
+        let (mut on, mut off) = (Vec::new(), Vec::new());
+        for _ in 0..5 {
+            let n = Notifier::with_backend(backend).map_err(e)?;
+            let p = map(PG);
+            touch(p, PG);
+            n.register(p..p + PG, Cookie(1)).map_err(e)?;
+            on.push(getpid_elsewhere(calls, munmap)?);
+            drop(n);
+            unmap(p, PG);
+            off.push(getpid_elsewhere(calls, munmap)?);
+        }
+        row(name, median(on), base, median(off), "ns");
     }
-    row(
-        "getpid_other_process",
-        median(on),
-        "getpid_other_process_no_backend",
-        median(off),
-        "ns",
-    );
 
     // Memory per region and the storm: 100,000 one-page regions on one mapping.
     let wanted = 100_000 / scale;

@@ -110,6 +110,9 @@ pub enum Command {
     GetpidLoop {
         /// Calls.
         n: u64,
+        /// mmap, touch and munmap one page per round instead (the invalidation path's tax).
+        #[arg(long)]
+        munmap: bool,
     },
 }
 
@@ -154,6 +157,8 @@ pub enum BackendArg {
     Kernel,
     /// perf syscall tracepoints (tracefs and CAP_PERFMON).
     Perf,
+    /// perf on the MMU-notifier invalidation tracepoints (a patched kernel, CAP_PERFMON).
+    Tracepoint,
 }
 
 impl From<BackendArg> for ummunotify::Backend {
@@ -167,6 +172,7 @@ impl From<BackendArg> for ummunotify::Backend {
             BackendArg::Ebpf => Backend::Ebpf,
             BackendArg::Kernel => Backend::Kernel,
             BackendArg::Perf => Backend::Perf,
+            BackendArg::Tracepoint => Backend::Tracepoint,
         }
     }
 }
@@ -290,6 +296,7 @@ mod tests {
             "bpf",
             "kernel",
             "perf",
+            "tracepoint",
         ] {
             let arg = BackendArg::from_str(name, false).unwrap();
             assert_eq!(
@@ -318,7 +325,10 @@ mod tests {
         ));
         assert!(matches!(
             parse(&[crate::backends::GETPID, "1000"]),
-            Ok(Command::GetpidLoop { n: 1000 })
+            Ok(Command::GetpidLoop {
+                n: 1000,
+                munmap: false
+            })
         ));
     }
 }

@@ -132,6 +132,7 @@ pub fn backend_label(backend: Backend) -> &'static str {
         Backend::Ebpf => "ebpf",
         Backend::Kernel => "kernel",
         Backend::Perf => "perf",
+        Backend::Tracepoint => "tracepoint",
         _ => "userfaultfd",
     }
 }

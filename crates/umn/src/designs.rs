@@ -83,7 +83,7 @@ impl Design for Plain {
 /// One row: a design's operation against its baseline, in TSC ticks per operation.
 #[derive(Debug, Clone)]
 pub struct Row {
-    /// `module`, `kernel`, `uffd`, `hooks`.
+    /// `module`, `kernel`, `uffd`, `tracepoint`, `hooks`.
     pub design: &'static str,
     /// The operation.
     pub op: &'static str,
@@ -311,7 +311,7 @@ fn measure(
     ])
 }
 
-/// Runs every design that starts here (module, kernel, uffd, then hooks, which patch libc for
+/// Runs every design that starts here (module, kernel, uffd, tracepoint, then hooks, which patch libc for
 /// good), each after fresh baselines: getpid, and the same loop with no notifier (`Plain`), whose
 /// munmap, madvise, check and storm-munmap ticks are the baselines of those rows. `cycles` calls
 /// per per-call row, `storm` regions in the storm. Designs that can not start are reported on
@@ -347,6 +347,11 @@ pub fn run(cycles: usize, storm: usize) -> Vec<Row> {
     });
     one("uffd", &|| {
         Ok(Box::new(Notifier::with_backend(Backend::Userfaultfd)?))
+    });
+    // Ingo Molnar's 2009 proposal: perf on tracepoints where the kernel invalidates (a kernel
+    // with kernel/patches/mmu-notifier-trace/ only; elsewhere its rows are left out, saying why).
+    one("tracepoint", &|| {
+        Ok(Box::new(Notifier::with_backend(Backend::Tracepoint)?))
     });
     one("hooks", &|| {
         Ok(Box::new(Notifier::with_backend(Backend::Hooks)?))

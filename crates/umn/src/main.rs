@@ -88,8 +88,8 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::GetpidLoop { n } => {
-            backends::getpid_main(n);
+        Command::GetpidLoop { n, munmap } => {
+            backends::getpid_main(n, munmap);
             ExitCode::SUCCESS
         }
     }

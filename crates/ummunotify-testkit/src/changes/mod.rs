@@ -251,8 +251,9 @@ impl ChangeKind {
     }
 
     /// Whether the backend named `backend` (`umn`'s and `UMN_BACKEND`'s names: `uffd`, `hooks`,
-    /// `hybrid`, `ebpf`, `kernel`, `perf`) is expected to see this kind; `None` for a name this
-    /// catalogue does not know. The module's MMU notifiers (`kernel`) see every kind.
+    /// `hybrid`, `ebpf`, `kernel`, `perf`, `tracepoint`) is expected to see this kind; `None` for
+    /// a name this catalogue does not know. The module's MMU notifiers (`kernel`) and the
+    /// tracepoints on their path (`tracepoint`) see every kind.
     pub fn expected_on(self, backend: &str) -> Option<bool> {
         Some(match backend {
             "uffd" => self.userfaultfd_reports(),
@@ -260,7 +261,9 @@ impl ChangeKind {
             "hybrid" => self.hybrid_reports(),
             "ebpf" => self.ebpf_reports(),
             "perf" => self.perf_reports(),
-            "kernel" => true,
+            // Both see every invalidation of the mm: the MMU notifiers, and the tracepoints on
+            // their path (kernel/patches/mmu-notifier-trace/).
+            "kernel" | "tracepoint" => true,
             _ => return None,
         })
     }

@@ -122,6 +122,12 @@ pub enum Backend {
     /// syscalls, `shmdt` and `MADV_GUARD_INSTALL`; misses io_uring and file hole punching.
     /// Never chosen by `Auto`.
     Perf,
+    /// perf on the `mmu_notifier_invalidate_range_start`/`_end` tracepoints (the 2009
+    /// counter-proposal as proposed; `kernel/patches/mmu-notifier-trace/`, no released kernel
+    /// has them), one CPU-wide event per CPU filtered to this mm, pulled by every check
+    /// (x86-64; needs tracefs and `CAP_PERFMON`): sees every invalidation of the process's
+    /// pages, whichever task makes it. Never chosen by `Auto`.
+    Tracepoint,
 }
 
 /// The environment variable [`Notifier::new`](crate::Notifier::new) reads.
@@ -139,6 +145,7 @@ impl Backend {
             Backend::Ebpf => "ebpf",
             Backend::Kernel => "kernel",
             Backend::Perf => "perf",
+            Backend::Tracepoint => "tracepoint",
         }
     }
 
@@ -152,11 +159,12 @@ impl Backend {
             Backend::Ebpf => c"ebpf",
             Backend::Kernel => c"kernel",
             Backend::Perf => c"perf",
+            Backend::Tracepoint => c"tracepoint",
         }
     }
 
     /// Parses `auto`, `uffd` (or `userfaultfd`), `hooks`, `hybrid`, `ebpf` (or `bpf`), `kernel`,
-    /// `perf`.
+    /// `perf`, `tracepoint`.
     pub fn from_name(name: &str) -> Option<Backend> {
         match name.trim() {
             "auto" | "" => Some(Backend::Auto),
@@ -166,6 +174,7 @@ impl Backend {
             "ebpf" | "bpf" => Some(Backend::Ebpf),
             "kernel" => Some(Backend::Kernel),
             "perf" => Some(Backend::Perf),
+            "tracepoint" => Some(Backend::Tracepoint),
             _ => None,
         }
     }
@@ -327,6 +336,14 @@ pub(crate) fn open(
         Backend::Perf => Err(crate::Unsupported::Perf {
             missing: "this build's perf backend is x86-64 only".into(),
         }),
+        #[cfg(target_arch = "x86_64")]
+        Backend::Tracepoint => {
+            perf::open_mmu_watcher().map(|(w, how)| (w, Backend::Tracepoint, how))
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        Backend::Tracepoint => Err(crate::Unsupported::Perf {
+            missing: "this build's perf backends are x86-64 only".into(),
+        }),
         Backend::Kernel => kernel::watcher().map(|w| {
             let how = "asked for kernel: /dev/ummunotify (this project's module)".to_owned();
             (w, Backend::Kernel, how)
@@ -444,6 +461,8 @@ pub fn probe() -> Vec<BackendReport> {
     let mut v = vec![kernel::probe(), u, h, hybrid, ebpf::probe()];
     #[cfg(target_arch = "x86_64")]
     v.push(perf::probe());
+    #[cfg(target_arch = "x86_64")]
+    v.push(perf::mmu::probe());
     v
 }
 
@@ -461,6 +480,7 @@ mod tests {
             Backend::Ebpf,
             Backend::Kernel,
             Backend::Perf,
+            Backend::Tracepoint,
         ] {
             assert_eq!(Backend::from_name(b.name()), Some(b));
             assert_eq!(b.c_name().to_str(), Ok(b.name()));

@@ -41,6 +41,23 @@ pub(super) enum Record {
         call: Syscall,
         ret: i64,
     },
+    /// `mmu_notifier:mmu_notifier_invalidate_range_start` (the kernel patch in
+    /// `kernel/patches/mmu-notifier-trace/`): task `tid` is about to change the pages of
+    /// `[start, end)` of our mm for reason `event` (`enum mmu_notifier_event`).
+    RangeStart {
+        tid: i32,
+        time: u64,
+        start: u64,
+        end: u64,
+        event: u32,
+    },
+    /// `mmu_notifier_invalidate_range_end`: task `tid`'s change of `[start, end)` is done.
+    RangeEnd {
+        tid: i32,
+        time: u64,
+        start: u64,
+        end: u64,
+    },
     /// The kernel dropped records (or throttled the event): anything may have changed.
     Lost,
     /// A record this backend does not use.
@@ -49,6 +66,107 @@ pub(super) enum Record {
 
 /// Maps tracepoint ids to calls: `(id, call, is_exit)`.
 pub(super) type Ids = [(u64, Syscall, bool); 2 * Syscall::ALL.len()];
+
+/// `MMU_NOTIFY_UNMAP` (`enum mmu_notifier_event`): munmap, mremap; every other reason (clear,
+/// protection, soft-dirty, release, migrate, exclusive) leaves the mapping.
+pub(super) const MMU_NOTIFY_UNMAP: u32 = 0;
+
+/// The two MMU-notifier tracepoints: their ids, where their fields lie in the raw record
+/// (tracefs `format`: both events share one class), and the mm they are filtered to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Mmu {
+    pub(super) start_id: u64,
+    pub(super) end_id: u64,
+    /// Offsets in the raw record of `mm`, `start`, `end` (8 bytes each) and `event` (4).
+    pub(super) mm_at: usize,
+    pub(super) start_at: usize,
+    pub(super) end_at: usize,
+    pub(super) event_at: usize,
+    /// Our mm (the kernel's pointer, learned at open); 0 while it is being learned.
+    pub(super) mm: u64,
+}
+
+/// The offset of field `name` of `size` bytes in a tracefs `format` text
+/// (`\tfield:unsigned long start;\toffset:16;\tsize:8;\tsigned:0;`).
+pub(super) fn field_offset(format: &str, name: &str, size: usize) -> Option<usize> {
+    format.lines().find_map(|l| {
+        let mut decl = None;
+        let (mut off, mut sz) = (None, None);
+        for part in l.trim().split(';') {
+            let part = part.trim();
+            if let Some(d) = part.strip_prefix("field:") {
+                decl = d.rsplit([' ', '*']).next();
+            } else if let Some(o) = part.strip_prefix("offset:") {
+                off = o.parse::<usize>().ok();
+            } else if let Some(z) = part.strip_prefix("size:") {
+                sz = z.parse::<usize>().ok();
+            }
+        }
+        (decl == Some(name) && sz == Some(size))
+            .then_some(off)
+            .flatten()
+    })
+}
+
+/// Decodes one whole record `r` of the MMU-notifier events. A sample of another mm (the
+/// kernel's filter should have dropped it) is [`Record::Other`]; one of an unknown
+/// tracepoint or too short is [`Record::Lost`].
+pub(super) fn decode_mmu(r: &[u8], m: &Mmu) -> Record {
+    let Some(ty) = u32_at(r, 0) else {
+        return Record::Lost;
+    };
+    match ty {
+        PERF_RECORD_LOST | PERF_RECORD_THROTTLE | PERF_RECORD_LOST_SAMPLES => Record::Lost,
+        PERF_RECORD_SAMPLE => mmu_sample(r, m).unwrap_or(Record::Lost),
+        _ => Record::Other,
+    }
+}
+
+/// The mm of a range-start sample (learning our own).
+pub(super) fn sample_mm(r: &[u8], m: &Mmu) -> Option<(i32, u64, u64)> {
+    if u32_at(r, 0)? != PERF_RECORD_SAMPLE {
+        return None;
+    }
+    let tid = u32_at(r, 12)? as i32;
+    let raw_size = u32_at(r, 24)? as usize;
+    let raw = r.get(28..28 + raw_size)?;
+    let id = u16::from_ne_bytes(raw.get(0..2)?.try_into().ok()?) as u64;
+    (id == m.start_id).then_some(())?;
+    Some((tid, u64_at(raw, m.mm_at)?, u64_at(raw, m.start_at)?))
+}
+
+fn mmu_sample(r: &[u8], m: &Mmu) -> Option<Record> {
+    let tid = u32_at(r, 12)? as i32;
+    let time = u64_at(r, 16)?;
+    let raw_size = u32_at(r, 24)? as usize;
+    let raw = r.get(28..28 + raw_size)?;
+    let id = u16::from_ne_bytes(raw.get(0..2)?.try_into().ok()?) as u64;
+    if id != m.start_id && id != m.end_id {
+        return None;
+    }
+    if u64_at(raw, m.mm_at)? != m.mm {
+        return Some(Record::Other);
+    }
+    let start = u64_at(raw, m.start_at)?;
+    let end = u64_at(raw, m.end_at)?;
+    if id == m.start_id {
+        let event = u32_at(raw, m.event_at)?;
+        Some(Record::RangeStart {
+            tid,
+            time,
+            start,
+            end,
+            event,
+        })
+    } else {
+        Some(Record::RangeEnd {
+            tid,
+            time,
+            start,
+            end,
+        })
+    }
+}
 
 fn u32_at(b: &[u8], at: usize) -> Option<u32> {
     Some(u32::from_ne_bytes(b.get(at..at + 4)?.try_into().ok()?))
@@ -218,6 +336,96 @@ mod tests {
         let mut lost = [0u8; 24];
         lost[0..4].copy_from_slice(&PERF_RECORD_LOST.to_ne_bytes());
         assert_eq!(decode(&lost, &ids), Record::Lost);
+    }
+
+    const FORMAT: &str = "name: mmu_notifier_invalidate_range_start\nID: 412\nformat:\n\
+        \tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n\
+        \tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;\n\n\
+        \tfield:const void * mm;\toffset:8;\tsize:8;\tsigned:0;\n\
+        \tfield:unsigned long start;\toffset:16;\tsize:8;\tsigned:0;\n\
+        \tfield:unsigned long end;\toffset:24;\tsize:8;\tsigned:0;\n\
+        \tfield:unsigned int event;\toffset:32;\tsize:4;\tsigned:0;\n\
+        \tfield:unsigned int flags;\toffset:36;\tsize:4;\tsigned:0;\n";
+
+    fn mmu() -> Mmu {
+        Mmu {
+            start_id: 412,
+            end_id: 413,
+            mm_at: field_offset(FORMAT, "mm", 8).unwrap(),
+            start_at: field_offset(FORMAT, "start", 8).unwrap(),
+            end_at: field_offset(FORMAT, "end", 8).unwrap(),
+            event_at: field_offset(FORMAT, "event", 4).unwrap(),
+            mm: 0xffff_8880_0123_4000,
+        }
+    }
+
+    /// A sample whose raw part is the MMU-notifier class's record.
+    fn mmu_bytes(id: u16, tid: u32, mm: u64, start: u64, end: u64, event: u32) -> Vec<u8> {
+        let mut fields = vec![mm, start, end, u64::from(event)];
+        fields.push(0);
+        let mut r = sample_bytes(id, tid, 9, &[]);
+        // Rebuild with the class's layout: common fields (8), then mm, start, end, event.
+        let mut raw = vec![0u8; 8];
+        raw[0..2].copy_from_slice(&id.to_ne_bytes());
+        for f in &fields[..3] {
+            raw.extend_from_slice(&f.to_ne_bytes());
+        }
+        raw.extend_from_slice(&event.to_ne_bytes());
+        raw.extend_from_slice(&0u32.to_ne_bytes());
+        raw.extend_from_slice(&[0; 4]);
+        r.truncate(24);
+        r.extend_from_slice(&(raw.len() as u32).to_ne_bytes());
+        r.extend_from_slice(&raw);
+        let size = r.len() as u16;
+        r[6..8].copy_from_slice(&size.to_ne_bytes());
+        r
+    }
+
+    #[test]
+    fn reads_the_field_offsets_from_the_format() {
+        let m = mmu();
+        assert_eq!((m.mm_at, m.start_at, m.end_at, m.event_at), (8, 16, 24, 32));
+        // The size must match too: a kernel with another layout is refused, not misread.
+        assert_eq!(field_offset(FORMAT, "event", 8), None);
+        assert_eq!(field_offset(FORMAT, "nosuch", 8), None);
+    }
+
+    #[test]
+    fn decodes_range_start_and_end_of_our_mm_only() {
+        let m = mmu();
+        let s = mmu_bytes(412, 7, m.mm, 0x1000, 0x3000, 1);
+        assert_eq!(
+            decode_mmu(&s, &m),
+            Record::RangeStart {
+                tid: 7,
+                time: 9,
+                start: 0x1000,
+                end: 0x3000,
+                event: 1
+            }
+        );
+        assert_eq!(sample_mm(&s, &m), Some((7, m.mm, 0x1000)));
+        let e = mmu_bytes(413, 7, m.mm, 0x1000, 0x3000, 1);
+        assert_eq!(
+            decode_mmu(&e, &m),
+            Record::RangeEnd {
+                tid: 7,
+                time: 9,
+                start: 0x1000,
+                end: 0x3000
+            }
+        );
+        // Another mm: not ours (the kernel's filter should have dropped it). An unknown id,
+        // a truncated sample: never guessed at.
+        assert_eq!(
+            decode_mmu(&mmu_bytes(412, 7, m.mm + 64, 0, 4096, 0), &m),
+            Record::Other
+        );
+        assert_eq!(
+            decode_mmu(&mmu_bytes(999, 7, m.mm, 0, 4096, 0), &m),
+            Record::Lost
+        );
+        assert_eq!(decode_mmu(&s[..40], &m), Record::Lost);
     }
 
     #[test]

@@ -81,12 +81,14 @@
 // pthread_atfork.
 
 pub(crate) mod decode;
+pub(crate) mod mmu;
 mod sys;
 #[cfg(test)]
 mod tests;
 mod watcher;
 
 pub(crate) use watcher::open as open_watcher;
+pub(crate) use watcher::open_mmu as open_mmu_watcher;
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -96,7 +98,7 @@ use std::sync::atomic::{
 };
 use std::sync::Mutex;
 
-use decode::{Ids, Record, Syscall, MAX_RECORD};
+use decode::{Ids, Mmu, Record, Syscall, MAX_RECORD};
 
 use crate::backend::hooks::calls::Ranges;
 
@@ -236,8 +238,11 @@ struct Drain {
     brk_top: u64,
     /// The canary's thread ([`Perf::canary`]): its records are witnesses, not changes.
     canary_tid: i32,
-    /// Which of `ids` the canary's records showed since the last [`Perf::canary`] (bit i).
+    /// Which of `ids` the canary's records showed since the last [`Perf::canary`] (bit i; for
+    /// the MMU-notifier tracepoints bit 0 is the range start, bit 1 its end).
     seen: u32,
+    /// The MMU-notifier canary's page: only records of its zap are witnesses.
+    canary_addr: u64,
     /// A loss since the last canary: its verdict is void.
     lost_since_canary: bool,
     stats: PerfStats,
@@ -271,6 +276,11 @@ pub(crate) struct Perf {
     /// The tracepoints (bits of the id table) the delivery thread's canary found quiet, which
     /// killed the notifier; 0 while every one records.
     quiet: AtomicU32,
+    /// The MMU-notifier tracepoints instead of the syscall ones (`Backend::Tracepoint`, see
+    /// [`mmu`]): their ids, layout and our mm; `ids` is then unused.
+    mmu: Option<Mmu>,
+    /// The page the MMU-notifier canary zaps.
+    canary_page: Option<mmu::Page>,
 }
 
 /// Set in a forked child (`pthread_atfork`): the rings are not mapped there (`MADV_DONTFORK`)
@@ -291,12 +301,7 @@ fn missing(what: impl Into<String>) -> crate::Unsupported {
 
 /// The `sys_enter_*`/`sys_exit_*` ids of every traced call, or what is missing.
 fn tracepoint_ids() -> Result<Ids, crate::Unsupported> {
-    let root = sys::tracefs().ok_or_else(|| {
-        missing(
-            "tracefs is not mounted (as root: mount -t tracefs nodev /sys/kernel/tracing); the \
-             tracepoint ids live there",
-        )
-    })?;
+    let root = sys::tracefs().ok_or_else(|| missing(sys::tracefs_missing()))?;
     let mut ids = [(0, Syscall::Munmap, false); 2 * Syscall::ALL.len()];
     for (i, &call) in Syscall::ALL.iter().enumerate() {
         let name = call.name();
@@ -390,12 +395,15 @@ impl Perf {
                 brk_top: sys::current_brk(),
                 canary_tid: 0,
                 seen: 0,
+                canary_addr: 0,
                 lost_since_canary: false,
                 stats: PerfStats::default(),
             }),
             fds,
             leads,
             quiet: AtomicU32::new(0),
+            mmu: None,
+            canary_page: None,
         };
         // Something may suppress the samples (below): refuse to start rather than run blind.
         let verdict = perf.canary(crate::sys::gettid(), &Discard);
@@ -426,13 +434,20 @@ impl Perf {
             d.seen = 0;
             d.lost_since_canary = false;
         }
-        sys::refused_calls();
+        match &self.canary_page {
+            Some(page) => sys::zap(page.addr()),
+            None => sys::refused_calls(),
+        }
         self.pull(target);
         let mut d = self.drain.lock().unwrap_or_else(|e| e.into_inner());
         // Every record of the canary's calls was written before that pull's snapshots: from
         // now on this thread's records are changes again.
         d.canary_tid = 0;
-        let all = (1u32 << self.ids.len()) - 1;
+        let all = if self.mmu.is_some() {
+            0b11
+        } else {
+            (1u32 << self.ids.len()) - 1
+        };
         if d.lost_since_canary {
             Canary::Void
         } else if d.seen & all == all {
@@ -461,6 +476,9 @@ impl Perf {
 
     /// The tracepoints named by the bits of `which`, in words.
     pub(crate) fn suppressed(&self, which: u32) -> String {
+        if self.mmu.is_some() {
+            return mmu::suppressed(which);
+        }
         let names: Vec<String> = (0..self.ids.len())
             .filter(|i| which & (1 << i) != 0)
             .map(|i| {
@@ -564,43 +582,65 @@ impl Perf {
         for (i, r) in self.rings.iter().enumerate().take(n) {
             let from = d.begun[i].max(r.tail.load(Relaxed));
             let mut last: Option<(i32, u64)> = None;
-            lost |= !walk(&r.map, from, d.h2[i], &self.ids, |rec| match rec {
-                Record::Enter {
-                    tid,
-                    time,
-                    call,
-                    args,
-                } => {
-                    // The same call twice in a row: a thread attached at open that had already
-                    // inherited its events.
-                    if last != Some((tid, time)) {
-                        enter(d, target, tid, time, call, args);
+            lost |= !walk(
+                &r.map,
+                from,
+                d.h2[i],
+                |b| self.decode(b),
+                |rec| match rec {
+                    Record::Enter {
+                        tid,
+                        time,
+                        call,
+                        args,
+                    } => {
+                        // The same call twice in a row: a thread attached at open that had already
+                        // inherited its events.
+                        if last != Some((tid, time)) {
+                            enter(d, target, tid, time, call, args);
+                        }
+                        last = Some((tid, time));
                     }
-                    last = Some((tid, time));
-                }
-                Record::Lost => lost = true,
-                _ => {}
-            });
+                    Record::RangeStart {
+                        tid,
+                        time,
+                        start,
+                        end,
+                        event,
+                    } => range_start(d, target, tid, time, (start, end), event),
+                    Record::Lost => lost = true,
+                    _ => {}
+                },
+            );
             d.begun[i] = d.h2[i];
         }
         // Phase 2: exits up to the first snapshot.
         for (i, r) in self.rings.iter().enumerate().take(n) {
             let from = r.tail.load(Relaxed);
             let mut last: Option<(i32, u64)> = None;
-            lost |= !walk(&r.map, from, d.h1[i], &self.ids, |rec| {
-                if let Record::Exit {
-                    tid,
-                    time,
-                    call,
-                    ret,
-                } = rec
-                {
-                    if last != Some((tid, time)) {
-                        exit(d, target, tid, time, call, ret);
+            lost |= !walk(
+                &r.map,
+                from,
+                d.h1[i],
+                |b| self.decode(b),
+                |rec| match rec {
+                    Record::Exit {
+                        tid,
+                        time,
+                        call,
+                        ret,
+                    } => {
+                        if last != Some((tid, time)) {
+                            exit(d, target, tid, time, call, ret);
+                        }
+                        last = Some((tid, time));
                     }
-                    last = Some((tid, time));
-                }
-            });
+                    Record::RangeEnd {
+                        tid, start, end, ..
+                    } => range_end(d, target, tid, (start, end)),
+                    _ => {}
+                },
+            );
             r.map.set_tail(d.h1[i]);
             // Release: a check that finds nothing new (Acquire below) also sees what this pull
             // delivered.
@@ -617,9 +657,25 @@ impl Perf {
     }
 }
 
-/// Calls `f` on each record in `[from, to)` of `ring`; false if the stream is malformed (then
-/// the rest can not be trusted: treated as a loss).
-fn walk(ring: &sys::RingMap, from: u64, to: u64, ids: &Ids, mut f: impl FnMut(Record)) -> bool {
+impl Perf {
+    /// One record, as this backend's tracepoints lay it out.
+    fn decode(&self, rec: &[u8]) -> Record {
+        match &self.mmu {
+            Some(m) => decode::decode_mmu(rec, m),
+            None => decode::decode(rec, &self.ids),
+        }
+    }
+}
+
+/// Calls `f` on each record in `[from, to)` of `ring`, decoded by `dec`; false if the stream is
+/// malformed (then the rest can not be trusted: treated as a loss).
+fn walk(
+    ring: &sys::RingMap,
+    from: u64,
+    to: u64,
+    mut dec: impl FnMut(&[u8]) -> Record,
+    mut f: impl FnMut(Record),
+) -> bool {
     let mut pos = from;
     let mut buf = [0u8; 256];
     while pos < to {
@@ -633,7 +689,7 @@ fn walk(ring: &sys::RingMap, from: u64, to: u64, ids: &Ids, mut f: impl FnMut(Re
         if size as usize <= buf.len() {
             let rec = &mut buf[..size as usize];
             ring.copy(pos, rec);
-            f(decode::decode(rec, ids));
+            f(dec(rec));
         } else {
             f(Record::Other);
         }
@@ -655,6 +711,12 @@ fn enter(d: &mut Drain, t: &dyn Target, tid: i32, time: u64, call: Syscall, args
     }
     d.stats.entries += 1;
     let (ranges, unmap) = decode::effect(call, args, d.brk_top);
+    begin_call(d, t, tid, time, ranges, unmap);
+}
+
+/// A change of `ranges` by thread `tid` began at `time`: invalidate them, open their windows,
+/// and remember the call until its end.
+fn begin_call(d: &mut Drain, t: &dyn Target, tid: i32, time: u64, ranges: Ranges, unmap: bool) {
     let mut windows = [None; 2];
     if ranges.iter().any(Option::is_some) {
         t.begin();
@@ -706,6 +768,12 @@ fn exit(d: &mut Drain, t: &dyn Target, tid: i32, time: u64, call: Syscall, ret: 
     if call == Syscall::Brk && ret > 0 {
         d.brk_top = d.brk_top.max(ret as u64);
     }
+    end_call(d, t, tid, time);
+}
+
+/// Thread `tid`'s change ended at `time`: its ranges again, then its windows close; an end with
+/// no beginning is an unknown change (everything).
+fn end_call(d: &mut Drain, t: &dyn Target, tid: i32, time: u64) {
     let c = d.open.iter_mut().flatten().find(|c| c.tid == tid);
     match c {
         Some(c) if c.first < time => {
@@ -721,6 +789,56 @@ fn exit(d: &mut Drain, t: &dyn Target, tid: i32, time: u64, call: Syscall, ret: 
         _ => {
             // No entry of this thread before this exit: the entry was lost, or the call began
             // before the events were open. Something of unknown range just changed.
+            d.stats.orphan_exits += 1;
+            t.invalidate_all();
+        }
+    }
+}
+
+/// `mmu_notifier_invalidate_range_start` of our mm by task `tid` (ours or not): the pages of
+/// `range` are about to change. The canary's own zap is a witness, not a change.
+fn range_start(d: &mut Drain, t: &dyn Target, tid: i32, time: u64, range: (u64, u64), event: u32) {
+    if tid == d.canary_tid && range.0 == d.canary_addr {
+        d.seen |= 1;
+        return;
+    }
+    d.stats.entries += 1;
+    let r = (range.0 < range.1).then_some(range);
+    begin_call(
+        d,
+        t,
+        tid,
+        time,
+        [r, None],
+        event == decode::MMU_NOTIFY_UNMAP,
+    );
+}
+
+/// `mmu_notifier_invalidate_range_end`: task `tid`'s change of `range` is done.
+///
+/// Matched to its start by task and range, not by time: the records' clock may be coarse (the
+/// TCG guest's `CLOCK_MONOTONIC` ticks in jiffies, so a start and its end often carry the same
+/// time, and a time comparison left their window open until the core's grace). The two-snapshot
+/// pull already delivers a start before its end. An end of a task with no start since open (or
+/// since a loss) is an unknown change: everything. An end whose start was already ended by a
+/// later start of the same task (nested invalidations) has nothing left to do.
+fn range_end(d: &mut Drain, t: &dyn Target, tid: i32, range: (u64, u64)) {
+    if tid == d.canary_tid && range.0 == d.canary_addr {
+        d.seen |= 2;
+        return;
+    }
+    let want = (range.0 < range.1).then_some(range);
+    match d.open.iter_mut().flatten().find(|c| c.tid == tid) {
+        Some(c) => {
+            if let Some(o) = c.open {
+                if o.ranges[0] == want {
+                    c.open = None;
+                    ended(t, o);
+                }
+            }
+            d.stats.exits += 1;
+        }
+        None => {
             d.stats.orphan_exits += 1;
             t.invalidate_all();
         }

@@ -45,6 +45,7 @@ pub(super) const SAMPLE_TYPE: u64 = PERF_SAMPLE_TID | PERF_SAMPLE_TIME | PERF_SA
 const PERF_FORMAT_LOST: u64 = 1 << 4;
 
 // attr.flags bits.
+const DISABLED: u64 = 1;
 const INHERIT: u64 = 1 << 1;
 const WATERMARK: u64 = 1 << 14;
 const USE_CLOCKID: u64 = 1 << 25;
@@ -104,6 +105,81 @@ pub(super) fn open_tracepoint(
     Ok(fd)
 }
 
+const PERF_EVENT_IOC_SET_FILTER: libc::c_ulong = 0x4008_2406;
+
+/// Opens tracepoint `id` on every task that runs on `cpu` (`pid = -1`: a CPU-wide event, which
+/// needs `CAP_PERFMON` or `perf_event_paranoid` <= 0) and sets `filter` on it before anything
+/// is recorded that should not be (the event is opened disabled and enabled after the filter).
+/// Its samples go to the ring of `output` or, without one, to a ring mapped on this fd.
+pub(super) fn open_cpu_wide(
+    id: u64,
+    cpu: i32,
+    output: Option<&OwnedFd>,
+    wakeup: u32,
+    filter: &std::ffi::CStr,
+) -> io::Result<OwnedFd> {
+    let fd = open_raw(id, -1, cpu, DISABLED | WATERMARK | USE_CLOCKID, wakeup)?;
+    // SAFETY: a perf event fd and a NUL-terminated filter string that outlives the call.
+    if unsafe { libc::ioctl(fd.as_raw_fd(), PERF_EVENT_IOC_SET_FILTER, filter.as_ptr()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if let Some(out) = output {
+        // SAFETY: both are perf event fds; the ioctl takes the output fd by value.
+        if unsafe { libc::ioctl(fd.as_raw_fd(), PERF_EVENT_IOC_SET_OUTPUT, out.as_raw_fd()) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    enable(&fd)?;
+    Ok(fd)
+}
+
+/// Opens tracepoint `id` for the calling thread only (no inheritance), on any CPU: mappable,
+/// used once at open to learn what the kernel records for this process.
+pub(super) fn open_self(id: u64) -> io::Result<OwnedFd> {
+    open_raw(id, 0, -1, WATERMARK | USE_CLOCKID, 1)
+}
+
+/// `PERF_EVENT_IOC_ENABLE`.
+pub(super) fn enable(fd: &OwnedFd) -> io::Result<()> {
+    const PERF_EVENT_IOC_ENABLE: libc::c_ulong = 0x2400;
+    // SAFETY: a perf event fd; the ioctl takes no pointer.
+    if unsafe { libc::ioctl(fd.as_raw_fd(), PERF_EVENT_IOC_ENABLE, 0) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn open_raw(id: u64, pid: i32, cpu: i32, flags: u64, wakeup: u32) -> io::Result<OwnedFd> {
+    let attr = Attr {
+        type_: PERF_TYPE_TRACEPOINT,
+        size: std::mem::size_of::<Attr>() as u32,
+        config: id,
+        sample_period: 1,
+        sample_type: SAMPLE_TYPE,
+        read_format: if cfg!(test) { PERF_FORMAT_LOST } else { 0 },
+        flags,
+        wakeup_watermark: wakeup,
+        clockid: libc::CLOCK_MONOTONIC,
+        ..Attr::default()
+    };
+    // SAFETY: as in `open_tracepoint`.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_perf_event_open,
+            &attr as *const Attr,
+            pid,
+            cpu,
+            -1,
+            PERF_FLAG_FD_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh fd the kernel just gave us, owned by nothing else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
 /// How many samples the kernel dropped for event `fd` (its ring had no room), from `read`
 /// with `PERF_FORMAT_LOST`: the kernel's own count, to check the rings' loss detection against.
 #[cfg(test)]
@@ -124,9 +200,31 @@ pub(super) fn tracefs() -> Option<&'static str> {
         .find(|p| std::path::Path::new(&format!("{p}/events")).is_dir())
 }
 
+/// Why [`tracefs`] found none, in words a user can act on: not mounted, or mounted where this
+/// user can not look (tracefs is root-only by default).
+pub(super) fn tracefs_missing() -> String {
+    let denied = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
+        .into_iter()
+        .find(|p| std::fs::read_dir(p).is_err_and(|e| e.kind() == io::ErrorKind::PermissionDenied));
+    match denied {
+        Some(p) => format!(
+            "tracefs at {p} is not readable by this user ({p} is root-only unless an \
+             administrator opens it); the tracepoint ids live there"
+        ),
+        None => "tracefs is not mounted (as root: mount -t tracefs nodev /sys/kernel/tracing); \
+                 the tracepoint ids live there"
+            .to_string(),
+    }
+}
+
 /// The id of tracepoint `syscalls/NAME` under tracefs `root`.
 pub(super) fn tracepoint_id(root: &str, name: &str) -> io::Result<u64> {
-    let s = std::fs::read_to_string(format!("{root}/events/syscalls/{name}/id"))?;
+    event_id(root, "syscalls", name)
+}
+
+/// The id of tracepoint `SYSTEM/NAME` under tracefs `root`.
+pub(super) fn event_id(root: &str, system: &str, name: &str) -> io::Result<u64> {
+    let s = std::fs::read_to_string(format!("{root}/events/{system}/{name}/id"))?;
     s.trim()
         .parse()
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, format!("{name}/id: {s:?}")))
@@ -289,4 +387,12 @@ pub(super) fn refused_calls() {
         // or id) or only reads (brk(0)): no memory changes.
         unsafe { libc::syscall(nr, a[0], a[1], a[2], a[3], a[4], a[5]) };
     }
+}
+
+/// `madvise(MADV_DONTNEED)` of one page of ours (the MMU-notifier canary: the kernel announces
+/// the zap on the invalidation path whether or not the page is populated).
+pub(super) fn zap(page: *mut u8) {
+    // SAFETY: `page` is a private anonymous page this backend mapped and owns; dropping its
+    // contents changes nothing anyone reads.
+    unsafe { libc::madvise(page.cast(), 4096, libc::MADV_DONTNEED) };
 }

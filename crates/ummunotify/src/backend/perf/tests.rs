@@ -15,6 +15,24 @@ macro_rules! isolated_tests {
     };
 }
 
+/// The MMU-notifier tracepoint tests: only a kernel with kernel/patches/mmu-notifier-trace/ has
+/// the tracepoints (no released one), so they are ignored by default and run by the patched
+/// guest (`kernel/guest/init`: `--ignored`), where UMN_REQUIRE_ALL=1 makes a refusal fail.
+macro_rules! isolated_mmu_tests {
+    ($($name:ident => $body:ident),* $(,)?) => {
+        $(#[test]
+        #[ignore = "needs kernel/patches/mmu-notifier-trace/ (the patched guest runs it)"]
+        fn $name() { isolated(stringify!($name), $body) })*
+    };
+}
+
+isolated_mmu_tests! {
+    mmu_a_munmap_is_pending_when_it_returns_with_its_start_and_end => mmu_a_munmap_is_pending_when_it_returns_with_its_start_and_end_body,
+    mmu_a_truncate_by_another_process_is_seen_before_it_returns => mmu_a_truncate_by_another_process_is_seen_before_it_returns_body,
+    mmu_another_mm_is_filtered_out_in_the_kernel => mmu_another_mm_is_filtered_out_in_the_kernel_body,
+    mmu_a_full_ring_means_everything_changed_and_the_ring_recovers => mmu_a_full_ring_means_everything_changed_and_the_ring_recovers_body,
+}
+
 isolated_tests! {
     a_storm_pairs_every_exit_with_its_entry => a_storm_pairs_every_exit_with_its_entry_body,
     a_munmap_is_pending_when_it_returns_and_delivers_its_range_and_its_end => a_munmap_is_pending_when_it_returns_and_delivers_its_range_and_its_end_body,
@@ -127,7 +145,13 @@ fn isolated(name: &str, body: fn()) {
         module_path!().trim_start_matches("ummunotify::")
     );
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([&path, "--exact", "--nocapture", "--test-threads=1"])
+        .args([
+            &path,
+            "--exact",
+            "--include-ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(ROLE, name)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
@@ -638,4 +662,255 @@ fn a_storm_pairs_every_exit_with_its_entry_body() {
     }
     // Every run's figures (orphan exits included) for the log.
     eprintln!("perf storm: {why}");
+}
+
+/// The MMU-notifier tracepoints' backend (`Backend::Tracepoint`), or a loud skip where the
+/// kernel lacks them (every released kernel: they come from kernel/patches/mmu-notifier-trace/).
+fn mmu_or_skip(test: &str) -> Option<(Perf, Recorder)> {
+    match super::mmu::open() {
+        Ok(p) => {
+            let rec = Recorder::default();
+            p.pull(&rec);
+            rec.take();
+            Some((p, rec))
+        }
+        Err(crate::Unsupported::Perf { missing }) => {
+            ummunotify_testkit::require::skip_or_fail(test, &missing);
+            None
+        }
+        Err(e) => panic!("{test}: {e}"),
+    }
+}
+
+fn mmu_a_munmap_is_pending_when_it_returns_with_its_start_and_end_body() {
+    let Some((perf, rec)) = mmu_or_skip("mmu_munmap_pending") else {
+        return;
+    };
+    let a = map(4);
+    perf.pull(&rec);
+    rec.take();
+    let (s, e) = (a + PAGE as u64, a + 3 * PAGE as u64);
+    // In another thread, with a raw syscall: the record is the kernel's, not a call's.
+    std::thread::spawn(move || assert_eq!(munmap(s, 2 * PAGE), 0))
+        .join()
+        .unwrap();
+    assert!(
+        perf.pending(),
+        "the ring's head did not move before munmap returned"
+    );
+    let evs = delivered(&perf, &rec);
+    assert!(
+        evs.contains(&Ev::Apply(Invalidation::Unmap { start: s, end: e })),
+        "{evs:?}"
+    );
+    let w = window(&evs, s, e).expect("no window for the munmap");
+    assert!(evs.contains(&Ev::Again(s, e, true)), "no end pass: {evs:?}");
+    assert!(
+        evs.contains(&Ev::Close(w)),
+        "the end did not close: {evs:?}"
+    );
+    // A page-dropping madvise: the same path, not an unmap.
+    // SAFETY: our own mapping.
+    assert_eq!(
+        unsafe { libc::madvise(a as *mut _, PAGE, libc::MADV_DONTNEED) },
+        0
+    );
+    assert!(perf.pending());
+    let evs = delivered(&perf, &rec);
+    assert!(
+        evs.contains(&Ev::Apply(Invalidation::Remove {
+            start: a,
+            end: a + PAGE as u64
+        })),
+        "{evs:?}"
+    );
+    munmap(a, 4 * PAGE);
+}
+
+/// A memfd of `pages` pages mapped shared and touched.
+fn shared_file(pages: usize) -> (i32, u64) {
+    // SAFETY: a fresh memfd and a shared mapping of it, both ours.
+    unsafe {
+        let fd = libc::memfd_create(c"umn-mmu-test".as_ptr(), 0);
+        assert!(fd >= 0);
+        assert_eq!(libc::ftruncate(fd, (pages * PAGE) as i64), 0);
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            pages * PAGE,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        );
+        assert_ne!(p, libc::MAP_FAILED);
+        std::ptr::write_bytes(p.cast::<u8>(), 1, pages * PAGE);
+        (fd, p as u64)
+    }
+}
+
+/// Another process truncates a file we map: no call of ours names the range, the kernel zaps
+/// our page tables from the other task (`unmap_mapping_range`). Its record must be in our ring
+/// by the time its ftruncate returned (the child exits after it; the parent checks after
+/// waitpid). A hole punch takes the same path.
+fn mmu_a_truncate_by_another_process_is_seen_before_it_returns_body() {
+    let Some((perf, rec)) = mmu_or_skip("mmu_truncate_elsewhere") else {
+        return;
+    };
+    let (fd, a) = shared_file(4);
+    perf.pull(&rec);
+    rec.take();
+    // SAFETY: the child makes raw syscalls only and exits.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        // SAFETY: the file is the child's too; punch the last page, then cut to one page.
+        unsafe {
+            let c = libc::fallocate(
+                fd,
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                (3 * PAGE) as i64,
+                PAGE as i64,
+            );
+            let t = libc::ftruncate(fd, PAGE as i64);
+            libc::_exit(if c == 0 && t == 0 { 0 } else { 1 });
+        }
+    }
+    let mut status = 0;
+    // SAFETY: our own child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
+    assert!(perf.pending(), "another process's truncate left no record");
+    let evs = delivered(&perf, &rec);
+    let covers = |lo: u64, hi: u64| {
+        evs.iter().any(|ev| {
+            matches!(*ev, Ev::Apply(Invalidation::Remove { start, end })
+                | Ev::Apply(Invalidation::Unmap { start, end }) if start <= lo && end >= hi)
+        })
+    };
+    let p = PAGE as u64;
+    assert!(covers(a + 3 * p, a + 4 * p), "hole punch not seen: {evs:?}");
+    assert!(covers(a + p, a + 3 * p), "truncate not seen: {evs:?}");
+    munmap(a, 4 * PAGE);
+    // SAFETY: our own fd.
+    unsafe { libc::close(fd) };
+}
+
+/// A forked child unmapping the *same address* in its own mm: the in-kernel filter (`mm ==
+/// ours`) keeps it out of our rings; our own munmap of it afterwards is seen.
+fn mmu_another_mm_is_filtered_out_in_the_kernel_body() {
+    let Some((perf, rec)) = mmu_or_skip("mmu_other_mm") else {
+        return;
+    };
+    let a = map(1);
+    perf.pull(&rec);
+    rec.take();
+    // SAFETY: the child makes raw syscalls only and exits.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let r = munmap(a, PAGE);
+        // SAFETY: leave without running the parent's handlers.
+        unsafe { libc::_exit(if r == 0 { 0 } else { 1 }) };
+    }
+    let mut status = 0;
+    // SAFETY: our own child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
+    let evs = delivered(&perf, &rec);
+    let unmap = Ev::Apply(Invalidation::Unmap {
+        start: a,
+        end: a + PAGE as u64,
+    });
+    assert!(
+        !evs.contains(&unmap),
+        "the child's munmap reached our rings: {evs:?}"
+    );
+    munmap(a, PAGE);
+    perf.pull(&rec);
+    assert!(rec.take().contains(&unmap));
+}
+
+fn mmu_a_full_ring_means_everything_changed_and_the_ring_recovers_body() {
+    let Some((perf, rec)) = mmu_or_skip("mmu_overflow") else {
+        return;
+    };
+    let a = map(2);
+    perf.pull(&rec);
+    rec.take();
+    let before = perf.stats().overflows;
+    // Far more records than a ring holds (two per zap), nobody pulling.
+    for _ in 0..20_000 {
+        // SAFETY: our own mapping.
+        assert_eq!(
+            unsafe { libc::madvise(a as *mut _, PAGE, libc::MADV_DONTNEED) },
+            0
+        );
+    }
+    let lost = perf.kernel_lost().unwrap_or(0);
+    let evs = delivered(&perf, &rec);
+    assert!(
+        evs.contains(&Ev::All),
+        "no invalidate_all after an overflow"
+    );
+    assert!(perf.stats().overflows > before);
+    // stderr: the isolated child's stdout is the harness's, its stderr reaches the log.
+    let n = perf.stats().overflows - before;
+    eprintln!(
+        "UMN-MMU-OVERFLOW 20000 zaps with nobody pulling: the kernel dropped {lost} samples; \
+         {n} invalidate_all"
+    );
+    perf.pull(&rec);
+    rec.take();
+    let b = a + PAGE as u64;
+    assert_eq!(munmap(b, PAGE), 0);
+    let evs = delivered(&perf, &rec);
+    assert!(
+        evs.contains(&Ev::Apply(Invalidation::Unmap {
+            start: b,
+            end: b + PAGE as u64
+        })),
+        "{evs:?}"
+    );
+    munmap(a, PAGE);
+}
+
+fn empty_drain() -> super::Drain {
+    super::Drain {
+        begun: Vec::new(),
+        h1: Vec::new(),
+        h2: Vec::new(),
+        open: [None; super::OPEN_CALLS],
+        brk_top: 0,
+        canary_tid: 0,
+        seen: 0,
+        canary_addr: 0,
+        lost_since_canary: false,
+        stats: super::PerfStats::default(),
+    }
+}
+
+/// A start and its end with the same timestamp (the TCG guest's clock ticks in jiffies): the end
+/// must still close the window and make the second pass. Matching by time left the window open
+/// until the core's grace, and every event of the region was handed out again and again.
+#[test]
+fn mmu_an_end_closes_its_start_even_at_the_same_time() {
+    let (mut d, rec) = (empty_drain(), Recorder::default());
+    super::range_start(&mut d, &rec, 5, 100, (0x1000, 0x3000), 1);
+    super::range_end(&mut d, &rec, 5, (0x1000, 0x3000));
+    let evs = rec.take();
+    let w = window(&evs, 0x1000, 0x3000).expect("no window");
+    assert!(evs.contains(&Ev::Close(w)), "{evs:?}");
+    assert!(evs.contains(&Ev::Again(0x1000, 0x3000, false)), "{evs:?}");
+    assert!(!evs.contains(&Ev::All), "{evs:?}");
+    // Nested in one task: the inner start ends the outer (conservatively early); the inner end
+    // closes the inner; the outer end then has nothing left.
+    super::range_start(&mut d, &rec, 5, 100, (0x1000, 0x9000), 0);
+    super::range_start(&mut d, &rec, 5, 100, (0x2000, 0x3000), 1);
+    super::range_end(&mut d, &rec, 5, (0x2000, 0x3000));
+    super::range_end(&mut d, &rec, 5, (0x1000, 0x9000));
+    let evs = rec.take();
+    let closes = evs.iter().filter(|e| matches!(e, Ev::Close(_))).count();
+    assert_eq!(closes, 2, "{evs:?}");
+    assert!(!evs.contains(&Ev::All), "{evs:?}");
+    // An end from a task never seen to start (its start predates the events): everything.
+    super::range_end(&mut d, &rec, 77, (0x1000, 0x2000));
+    assert!(rec.take().contains(&Ev::All));
 }

@@ -56,6 +56,18 @@ pub(crate) fn open() -> Result<(Box<dyn Watcher>, String), crate::Unsupported> {
     Ok((Box::new(PerfWatcher(Arc::new(perf))), how))
 }
 
+/// Opens the MMU-notifier tracepoints' rings (`Backend::Tracepoint`, see [`super::mmu`]) and
+/// says how.
+pub(crate) fn open_mmu() -> Result<(Box<dyn Watcher>, String), crate::Unsupported> {
+    let perf = super::mmu::open()?;
+    let (_, cpus, events) = perf.shape();
+    let how = format!(
+        "mmu_notifier tracepoints: {cpus} rings (one per CPU), {events} CPU-wide events \
+         filtered to this mm"
+    );
+    Ok((Box::new(PerfWatcher(Arc::new(perf))), how))
+}
+
 impl Watcher for PerfWatcher {
     fn watch(&self, _start: u64, _end: u64) -> crate::Result<()> {
         // Every traced call of the process is recorded, watched or not.
