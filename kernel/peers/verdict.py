@@ -1,0 +1,177 @@
+#!/usr/bin/env python3
+"""Judges the peers guest's serial log (kernel/peers/run.sh) and prints its tables.
+
+Usage: verdict.py LOG PHASES MONITORS
+
+Fails (exit 1) when: the guest did not finish; kdreg2's module did not load or one of its own
+tests failed (a test killed by the guest's per-test timeout is reported as such, not passed);
+a fabtests run of ummunotify (umn-*) failed where one of libfabric's own monitors of the same
+libfabric version passed; a fabtests result or a hazard line is missing; ummunotify let a stale
+byte through for a kind its backend claims (`*` in the table, fabric_hazard's `claimed`), or a
+result is not one the hazard case knows; a cost line is missing.
+"""
+import re
+import sys
+
+sys.dont_write_bytecode = True
+
+TIMEOUT_RCS = {"124", "143"}
+
+
+def kv(line):
+    return dict(re.findall(r"(\w+)=(\"[^\"]*\"|\S+)", line))
+
+
+def main():
+    log, phases, monitors = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
+    lines = open(log, errors="replace").read().splitlines()
+    wants = lambda p: phases == "all" or p in phases.split(",")  # noqa: E731
+    bad = []
+    done = [line for line in lines if line.startswith("PEER-GUEST-DONE")]
+    if not done:
+        bad.append("the guest did not finish (no PEER-GUEST-DONE)")
+    phase_t = {}
+    for line in lines:
+        m = re.match(r"PEER-PHASE (\S+) uptime=([\d.]+)", line)
+        if m:
+            phase_t[m.group(1)] = float(m.group(2))
+    for line in lines:
+        if line.startswith("PEER-MODULE") and "insmod-failed" in line:
+            bad.append(line)
+        if line.startswith("PEER-DMESG") and re.search(r"BUG|Oops|general protection", line):
+            bad.append(line)
+
+    if wants("kdreg2"):
+        print("\n## kdreg2's own tests/ in the guest\n")
+        print("| test | exit | seconds |\n| --- | ---: | ---: |")
+        seen = 0
+        for line in lines:
+            if line.startswith("PEER-KDREG2 "):
+                d = kv(line)
+                seen += 1
+                rc = d["rc"]
+                verdict = ("pass" if rc == "0" else f"timeout ({rc})" if rc in TIMEOUT_RCS
+                           else f"killed ({rc})" if rc == "137" else f"FAIL ({rc})")
+                print(f"| {d['test']} | {verdict} | {d['secs']} |")
+                if rc != "0":
+                    bad.append(f"kdreg2's {d['test']}: {verdict}")
+        if seen == 0:
+            bad.append("no kdreg2 test ran")
+
+    if wants("fabtests"):
+        res = {}
+        for line in lines:
+            if line.startswith("PEER-FABTEST "):
+                d = kv(line)
+                res[(d["v"], d["test"], d["monitor"])] = (d["rc"], d["secs"])
+        print("\n## fabtests on verbs;ofi_rxm over rxe (exit code; seconds)\n")
+        print("| libfabric | test | " + " | ".join(monitors) + " |")
+        print("| --- | --- |" + " ---: |" * len(monitors))
+        for v, name in (("1", "1.17.0 (Debian)"), ("2", "2.6.0")):
+            for t in ("fi_mr_cache_evict", "fi_mr_test"):
+                cells = []
+                for m in monitors:
+                    r = res.get((v, t, m))
+                    if r is None:
+                        if not (v == "1" and m == "kdreg2"):
+                            bad.append(f"no fabtests result for {name} {t} {m}")
+                        cells.append("-")
+                        continue
+                    rc, secs = r
+                    cells.append(("pass" if rc == "0" else f"FAIL {rc}") + f" ({secs} s)")
+                print(f"| {name} | {t} | " + " | ".join(cells) + " |")
+                peers_pass = [m for m in monitors if not m.startswith("umn-")
+                              and res.get((v, t, m), ("x",))[0] == "0"]
+                for m in monitors:
+                    if m.startswith("umn-") and res.get((v, t, m), ("x",))[0] != "0" and peers_pass:
+                        bad.append(f"ummunotify ({m}) fails {t} on libfabric {name}, which "
+                                   f"{', '.join(peers_pass)} pass")
+        print("\n(libfabric 1.17 has no kdreg2 monitor: Debian builds it without kdreg2.h)")
+
+    if wants("hazard"):
+        import json
+        claims = {}  # (backend, kind) -> claimed, from `umn coverage --json` (the catalogue)
+        for line in lines:
+            m = re.match(r"PEER-COVERAGE (\S+) (\{.*\})\s*$", line)
+            if m:
+                for case in json.loads(m.group(2))["cases"]:
+                    claims[(m.group(1), case["kind"])] = bool(case["expected"])
+        rows = {}
+        caches = []
+        for line in lines:
+            if line.startswith("RXE-HAZARD ") and "lang=fabric" in line:
+                d = kv(line)
+                col = d["cache"] if d["cache"] != "ummunotify" else "umn-" + d["backend"]
+                if col not in caches:
+                    caches.append(col)
+                stale = int(d.get("read_stale", 0)) + int(d.get("write_lost", 0))
+                claimed = claims.get((d["backend"], d["kind"])) if col.startswith("umn-") else None
+                cell = {"hang": "hang", "lacks": "-"}.get(d["result"], str(stale))
+                if d["result"] not in ("ran", "hang", "lacks"):
+                    cell = d["result"]
+                rows.setdefault(d["kind"], {})[col] = (cell, claimed)
+                if col.startswith("umn-"):
+                    if claimed is None:
+                        bad.append(f"no claim from umn coverage for {d['backend']} {d['kind']}")
+                    elif claimed and (stale or d["result"] not in ("ran", "lacks")):
+                        bad.append(f"ummunotify {col} kind {d['kind']}: result={d['result']} "
+                                   f"stale={stale} on a kind its backend claims")
+        for m in monitors:
+            if m not in caches:
+                bad.append(f"no hazard lines for {m} on libfabric 2.6.0")
+        print("\n## Stale bytes on the wire, libfabric 2.6.0's MR cache (read_stale + write_lost;"
+              " `*` ummunotify's backend claims the kind)\n")
+        print("| kind | " + " | ".join(caches) + " |")
+        print("| --- |" + " ---: |" * len(caches))
+        for kind, r in rows.items():
+            cells = []
+            for c in caches:
+                cell, claimed = r.get(c, ("", None))
+                cells.append(cell + ("*" if claimed else ""))
+            print(f"| {kind} | " + " | ".join(cells) + " |")
+
+    if wants("cost"):
+        cost = {}
+        for line in lines:
+            if line.startswith("PEER-COST "):
+                d = kv(line)
+                m = d["monitor"]
+                cost[(d["fi"], m, d["what"])] = d
+        starts = [kv(line) for line in lines if line.startswith("PEER-COST-START")]
+        col = {}
+        for s in starts:
+            rep = s.get("report", "")
+            b = re.search(r"backend=(\w+)", rep)
+            col.setdefault((s["fi"], s["monitor"]), []).append(
+                "umn-" + b.group(1) if s["monitor"] == "ummunotify" and b else s["monitor"])
+        print("\n## Costs per monitor (TSC ticks, median of 21 rounds; ratio to the baseline of "
+              "the same round)\n")
+        print("| libfabric | monitor | hit | miss (/reg+dereg) | munmap reg (/plain) | "
+              "madvise reg (/plain) | miss+drop (/reg+dereg) |")
+        print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+        for line in lines:
+            if line.startswith("PEER-COST-FAIL"):
+                bad.append(line)
+        keys = sorted({(k[0], k[1]) for k in cost})
+        for fi, m in keys:
+            def c(what, ratio=True):
+                d = cost.get((fi, m, what))
+                if not d:
+                    return "-"
+                return d["ticks"] + (f" ({float(d['ratio']):.2f})" if ratio else "")
+            print(f"| {fi} | {m} | {c('hit', False)} | {c('miss')} | {c('munmap-registered')} | "
+                  f"{c('madvise-registered')} | {c('drop')} |")
+        if not cost:
+            bad.append("no cost lines")
+
+    if phase_t:
+        print("\nguest phases (seconds of guest uptime): " + ", ".join(
+            f"{k} {v:.0f}" for k, v in phase_t.items()))
+    if bad:
+        print("\nFAIL:\n  " + "\n  ".join(bad))
+        return 1
+    print("\nOK")
+    return 0
+
+
+sys.exit(main())
