@@ -118,7 +118,9 @@ fabtests_build() {
     git --git-dir="$lf_git" archive "$tag" fabtests | tar -x -C "$src" --strip-components=1
     cd "$src"
     ./autogen.sh
-    ./configure --prefix="$prefix" --with-libfabric="$lf" CFLAGS="-O2 -g" \
+    # --enable-debug: FT_DEBUG prints the registration times fi_mr_cache_evict judges (its
+    # -O0 comes before our CFLAGS, so the tests stay -O2).
+    ./configure --prefix="$prefix" --with-libfabric="$lf" --enable-debug CFLAGS="-O2 -g" \
         LDFLAGS="-Wl,-rpath,$lf/lib"
     mk
     make install

@@ -19,7 +19,7 @@ HOST_FILES = ["/etc/libibverbs.d/rxe.driver", ARCH + "/libibverbs/librxe-rdmav34
               "/usr/bin/rdma", "/usr/bin/bash"]
 APPLETS = ("sh mount umount insmod rmmod lsmod env sed cut ls dmesg grep nproc uname cat echo ip "
            "sleep mkdir timeout awk tr wc head tail hostname date rm cp seq realpath dirname "
-           "basename stat kill ps").split()
+           "basename stat kill killall ps").split()
 
 
 def main():

@@ -5,8 +5,10 @@ Usage: verdict.py LOG PHASES MONITORS
 
 Fails (exit 1) when: the guest did not finish; kdreg2's module did not load or one of its own
 tests failed (a test killed by the guest's per-test timeout is reported as such, not passed);
-a fabtests run of ummunotify (umn-*) failed where one of libfabric's own monitors of the same
-libfabric version passed; a fabtests result or a hazard line is missing; ummunotify let a stale
+fi_mr_test failed for ummunotify (umn-*) where one of libfabric's own monitors of the same
+libfabric version passed; libfabric's cache counted more than one hit in a domain of
+fi_mr_cache_evict with ummunotify (a reallocated buffer served from the cache: the test's own
+timing verdict is reported, not judged, as TCG makes it fail every monitor now and then); a fabtests result or a hazard line is missing; ummunotify let a stale
 byte through for a kind its backend claims (`*` in the table, fabric_hazard's `claimed`), or a
 result is not one the hazard case knows; a cost line is missing.
 """
@@ -50,23 +52,44 @@ def main():
                 d = kv(line)
                 seen += 1
                 rc = d["rc"]
-                verdict = ("pass" if rc == "0" else f"timeout ({rc})" if rc in TIMEOUT_RCS
+                verdict = ("pass" if rc == "0" else "not run (UMN_PEERS_RANKS_TIMEOUT=0)"
+                           if rc == "skipped" else f"timeout ({rc})" if rc in TIMEOUT_RCS
                            else f"killed ({rc})" if rc == "137" else f"FAIL ({rc})")
                 print(f"| {d['test']} | {verdict} | {d['secs']} |")
-                if rc != "0":
+                if rc not in ("0", "skipped"):
                     bad.append(f"kdreg2's {d['test']}: {verdict}")
         if seen == 0:
             bad.append("no kdreg2 test ran")
 
     if wants("fabtests"):
         res = {}
+        out = {}  # (v, test, monitor) -> its PEER-OUT lines
         for line in lines:
+            m = re.match(r"PEER-OUT fabtests v=(\S+) test=(\S+) monitor=(\S+): (.*)", line)
+            if m:
+                out.setdefault(m.group(1, 2, 3), []).append(m.group(4))
             if line.startswith("PEER-FABTEST "):
                 d = kv(line)
                 res[(d["v"], d["test"], d["monitor"])] = (d["rc"], d["secs"])
-        print("\n## fabtests on verbs;ofi_rxm over rxe (exit code; seconds)\n")
+
+        def detail(key):
+            """Sub-tests passed/run, the most hits libfabric's cache counted in one domain
+            (fi_mr_cache_evict's domains each make exactly one hit when nothing stale is
+            reused), and fi_mr_cache_evict's three times (initial/cached/reallocated, us)."""
+            text = out.get(key, [])
+            passed = sum(1 for t in text if t.startswith("PASS"))
+            failed = sum(1 for t in text if t.startswith("FAIL"))
+            hits = [int(h) for t in text for h in re.findall(r"MR cache stats: searches \d+, "
+                                                            r"deletes \d+, hits (\d+)", t)]
+            times = [int(x) // 1000 for t in text
+                     for x in re.findall(r"registration time: (\d+) nsecs", t)]
+            return passed, failed, max(hits) if hits else None, times
+
+        print("\n## fabtests on verbs;ofi_rxm over rxe (exit; sub-tests passed/run; the most "
+              "cache hits in one domain)\n")
         print("| libfabric | test | " + " | ".join(monitors) + " |")
-        print("| --- | --- |" + " ---: |" * len(monitors))
+        print("| --- | --- |" + " --- |" * len(monitors))
+        evict_times = []
         for v, name in (("1", "1.17.0 (Debian)"), ("2", "2.6.0")):
             for t in ("fi_mr_cache_evict", "fi_mr_test"):
                 cells = []
@@ -78,15 +101,35 @@ def main():
                         cells.append("-")
                         continue
                     rc, secs = r
-                    cells.append(("pass" if rc == "0" else f"FAIL {rc}") + f" ({secs} s)")
+                    passed, failed, hits, times = detail((v, t, m))
+                    cell = "pass" if rc == "0" else f"FAIL {rc}"
+                    if t == "fi_mr_cache_evict":
+                        cell += f"; {passed}/{passed + failed}; hits {hits}"
+                        evict_times.append((name, m, times))
+                        if m.startswith("umn-") and (hits is None or hits > 1):
+                            bad.append(f"ummunotify ({m}) on libfabric {name}: {hits} hits in "
+                                       f"one domain of fi_mr_cache_evict (a stale reuse)")
+                    cells.append(cell)
                 print(f"| {name} | {t} | " + " | ".join(cells) + " |")
                 peers_pass = [m for m in monitors if not m.startswith("umn-")
                               and res.get((v, t, m), ("x",))[0] == "0"]
+                # fi_mr_cache_evict's own verdict is a timing heuristic (a reallocated
+                # registration faster than 20 % of the first is called a stale hit): under TCG
+                # it fails every monitor now and then, so it is judged by libfabric's own count
+                # of hits above; fi_mr_test by its exit code.
                 for m in monitors:
+                    if t == "fi_mr_cache_evict":
+                        break
                     if m.startswith("umn-") and res.get((v, t, m), ("x",))[0] != "0" and peers_pass:
                         bad.append(f"ummunotify ({m}) fails {t} on libfabric {name}, which "
                                    f"{', '.join(peers_pass)} pass")
         print("\n(libfabric 1.17 has no kdreg2 monitor: Debian builds it without kdreg2.h)")
+        if any(times for _, _, times in evict_times):
+            print("\nfi_mr_cache_evict's registration times, us (initial, cached, reallocated "
+                  "per sub-test; it fails a sub-test when reallocated <= 20 % of initial):\n")
+            for name, m, times in evict_times:
+                groups = [times[i:i + 3] for i in range(0, len(times), 3)]
+                print(f"- {name} {m}: " + "; ".join("/".join(map(str, g)) for g in groups))
 
     if wants("hazard"):
         import json
