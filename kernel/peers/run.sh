@@ -13,7 +13,9 @@
 # (calls per round of the costs, default 200), UMN_PEERS_MEM (guest MiB, default 6144: kdreg2's
 # test_basic maps its 524,288-region maximum, 4 GiB, and is killed by the OOM killer in 2 GiB),
 # UMN_PEERS_RANKS_TIMEOUT (kdreg2's test_ranks.sh, 16 test_threads at once, default 1200 s; 0
-# skips it).
+# skips it), UMN_PEERS_CLOCK (kernel arguments for the guest's clock, default "tsc=reliable
+# clocksource=tsc": fi_mr_cache_evict times registrations with clock_gettime, which on the
+# jiffies clock ticks every 4 ms; empty: the kernel's own choice).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$repo"
@@ -91,7 +93,7 @@ set +e
 timeout -k 10 "$timeout_s" qemu-system-x86_64 -accel tcg -smp 2,sockets=2,cores=1,threads=1 \
     -m "${UMN_PEERS_MEM:-6144}" -nographic -no-reboot -kernel "$kdir/arch/x86/boot/bzImage" -initrd "$out/initrd.gz" \
     -netdev user,id=n0 -device virtio-net-pci,netdev=n0 \
-    -append "console=ttyS0 rdinit=/init panic=-1 quiet peers.dir=$peers peers.phases=$phases peers.monitors=$monitors peers.timeout=${UMN_PEERS_TEST_TIMEOUT:-300} peers.ranks_timeout=${UMN_PEERS_RANKS_TIMEOUT:-1200} peers.batch=${UMN_PEERS_BATCH:-200} peers.lacks=$lacks peers.refusals=$refusals" \
+    -append "console=ttyS0 rdinit=/init panic=-1 quiet ${UMN_PEERS_CLOCK-tsc=reliable clocksource=tsc} peers.dir=$peers peers.phases=$phases peers.monitors=$monitors peers.timeout=${UMN_PEERS_TEST_TIMEOUT:-300} peers.ranks_timeout=${UMN_PEERS_RANKS_TIMEOUT:-1200} peers.batch=${UMN_PEERS_BATCH:-200} peers.lacks=$lacks peers.refusals=$refusals" \
     </dev/null >"$log" 2>&1
 rc=$?
 set -e

@@ -175,18 +175,15 @@ def main():
 
     if wants("cost"):
         cost = {}
+        col = None  # the monitor of the last PEER-COST-START (umn-<backend> for ours)
         for line in lines:
-            if line.startswith("PEER-COST "):
+            if line.startswith("PEER-COST-START"):
+                s = kv(line)
+                b = re.search(r"backend=(\w+)", s.get("report", ""))
+                col = "umn-" + b.group(1) if s["monitor"] == "ummunotify" and b else s["monitor"]
+            if line.startswith("PEER-COST ") and col:
                 d = kv(line)
-                m = d["monitor"]
-                cost[(d["fi"], m, d["what"])] = d
-        starts = [kv(line) for line in lines if line.startswith("PEER-COST-START")]
-        col = {}
-        for s in starts:
-            rep = s.get("report", "")
-            b = re.search(r"backend=(\w+)", rep)
-            col.setdefault((s["fi"], s["monitor"]), []).append(
-                "umn-" + b.group(1) if s["monitor"] == "ummunotify" and b else s["monitor"])
+                cost[(d["fi"], col, d["what"])] = d
         print("\n## Costs per monitor (TSC ticks, median of 21 rounds; ratio to the baseline of "
               "the same round)\n")
         print("| libfabric | monitor | hit | miss (/reg+dereg) | munmap reg (/plain) | "
@@ -206,6 +203,18 @@ def main():
                   f"{c('madvise-registered')} | {c('drop')} |")
         if not cost:
             bad.append("no cost lines")
+        # Ours against kdreg2 on libfabric 2.x (one process each: ratios across processes).
+        kd = {w: cost.get(("2.6.0", "kdreg2", w)) for w in ("hit", "munmap-registered",
+                                                            "madvise-registered", "miss", "drop")}
+        for m in monitors:
+            if not m.startswith("umn-") or not all(kd.values()):
+                continue
+            parts = []
+            for w, d in kd.items():
+                o = cost.get(("2.6.0", m, w))
+                if o:
+                    parts.append(f"{w} {int(o['ticks']) / int(d['ticks']):.2f}")
+            print(f"\n{m} / kdreg2 on libfabric 2.6.0 (ticks): " + ", ".join(parts))
 
     if phase_t:
         print("\nguest phases (seconds of guest uptime): " + ", ".join(
