@@ -45,7 +45,8 @@ cflags=(-std=gnu11 -Wall -Wextra -Werror -O2 -g -pthread -I kernel/rxe -I includ
 libs=(-L "$rel" -Wl,-rpath,/lib -lummunotify -l:libummunotify_fabric.so)
 phases=${UMN_PEERS_PHASES:-all}
 wants() { case ",$phases," in *",$1,"*|*",all,"*) return 0 ;; esac; return 1; }
-progs=()
+progs=("$out/kdreg2_race")
+gcc "${cflags[@]}" -I "$peers/kdreg2/include" kernel/peers/kdreg2_race.c -o "$out/kdreg2_race"
 if wants hazard; then
     gcc "${cflags[@]}" kernel/rxe/fabric_hazard.c -o "$out/fabric_hazard2" -I "$lf2/include" \
         "${libs[@]}" -L "$lf2/lib" -Wl,-rpath,"$lf2/lib" -lfabric -libverbs

@@ -60,6 +60,14 @@ def main():
                     bad.append(f"kdreg2's {d['test']}: {verdict}")
         if seen == 0:
             bad.append("no kdreg2 test ran")
+        races = [kv(line) for line in lines if line.startswith("PEER-KDREG2-RACE ")]
+        print("\nkdreg2: a region still \"unchanged\" when munmap of its memory has returned "
+              "(kernel/peers/kdreg2_race.c):\n")
+        for d in races:
+            print(f"- {d['mode']}: {d['stale_after_munmap']} of {d['iterations']} "
+                  f"({d['changed_100ms_later']} of them changed 100 ms later)")
+        if len(races) != 2:
+            bad.append("kdreg2_race did not report both runs")
 
     if wants("fabtests"):
         res = {}
