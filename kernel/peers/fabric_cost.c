@@ -9,8 +9,8 @@
  * cache, whose monitor is the one under test. TSC ticks per operation, the median over
  * COST_ROUNDS rounds (kernel/rxe/hazard.h), each baseline measured in the same round:
  *
- *   hit       fi_mr_reg + fi_close of a cached 64 KiB range (since 1.20 the lookup asks the
- *             monitor's valid(); 1.17 does not)
+ *   hit       fi_mr_reg + fi_close of a cached 64 KiB range (the lookup asks the monitor's
+ *             valid(), in 1.17 as in 2.x)
  *   miss      fi_mr_reg + fi_close of a 16 KiB buffer never registered: search, ibv_reg_mr,
  *             subscribe, keep; against ibv_reg_mr + ibv_dereg_mr of the same length
  *   munmap    munmap of a populated 4 KiB page whose registration the cache holds, against
