@@ -5,12 +5,13 @@ Usage: verdict.py LOG PHASES MONITORS
 
 Fails (exit 1) when: the guest did not finish; kdreg2's module did not load or one of its own
 tests failed (a test killed by the guest's per-test timeout is reported as such, not passed);
-fi_mr_test failed for ummunotify (umn-*) where one of libfabric's own monitors of the same
-libfabric version passed; libfabric's cache counted more than one hit in a domain of
-fi_mr_cache_evict with ummunotify (a reallocated buffer served from the cache: the test's own
-timing verdict is reported, not judged, as TCG makes it fail every monitor now and then); a fabtests result or a hazard line is missing; ummunotify let a stale
-byte through for a kind its backend claims (`*` in the table, fabric_hazard's `claimed`), or a
-result is not one the hazard case knows; a cost line is missing.
+kdreg2_race did not report; fi_mr_test failed for ummunotify (umn-*) where one of libfabric's
+own monitors of the same libfabric version passed; libfabric's cache counted more than one hit in
+a domain of fi_mr_cache_evict with ummunotify (a reallocated buffer served from the cache; the
+test's own timing verdict is reported, not judged: it fails every monitor now and then under
+TCG); a fabtests result or a hazard line is missing; ummunotify let a stale byte through for a
+kind its backend claims (`*` in the table: `umn coverage --json`'s expected flag, from the same
+guest), or such a kind did not run; a cost line is missing.
 """
 import re
 import sys
