@@ -7,7 +7,7 @@
 #
 #   bash kernel/peers/run.sh      # as root
 #
-# Knobs: UMN_PEERS_PHASES (default all: kdreg2,fabtests,hazard,cost), UMN_PEERS_MONITORS
+# Knobs: UMN_PEERS_PHASES (default all: kdreg2 (with race),race,fabtests,hazard,cost), UMN_PEERS_MONITORS
 # (default memhooks,userfaultfd,kdreg2,umn-uffd,umn-kernel), UMN_PEERS_TIMEOUT (guest, default
 # 3000 s), UMN_PEERS_TEST_TIMEOUT (each test in the guest, default 300 s), UMN_PEERS_BATCH
 # (calls per round of the costs, default 200), UMN_PEERS_MEM (guest MiB, default 6144: kdreg2's

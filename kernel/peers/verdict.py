@@ -61,6 +61,9 @@ def main():
                     bad.append(f"kdreg2's {d['test']}: {verdict}")
         if seen == 0:
             bad.append("no kdreg2 test ran")
+
+
+    if wants("kdreg2") or wants("race"):
         races = [kv(line) for line in lines if line.startswith("PEER-KDREG2-RACE ")]
         print("\nkdreg2: a region still \"unchanged\" when munmap of its memory has returned "
               "(kernel/peers/kdreg2_race.c):\n")
