@@ -81,29 +81,11 @@ python3 kernel/peers/pack.py "$out/initrd.gz" "$out/initramfs" "${files[@]}"
 lap "initramfs ($(du -h "$out/initrd.gz" | cut -f1))"
 
 # 4. Boot (kernel/rxe/run.sh's machine).
-lacks=$(python3 -B -c 'import importlib.util as u, sys
-s = u.spec_from_file_location("compare", sys.argv[1]); m = u.module_from_spec(s); s.loader.exec_module(m)
-print(",".join(sorted(m.GUEST_LACKS)))' "$repo/kernel/compare.py")
-refusals=$(awk '!/^#/ && NF {print $1 ":" $2}' kernel/rxe/known-refusals.txt | paste -sd, -)
+lacks=$(guest_lacks "$repo")
+refusals=$(known_refusals "$repo")
 monitors=${UMN_PEERS_MONITORS:-memhooks,userfaultfd,kdreg2,umn-uffd,umn-kernel}
 log="$out/guest.log"
-timeout_s=${UMN_PEERS_TIMEOUT:-3000}
-say "booting (timeout ${timeout_s}s, log $log)"
-boot0=$(date +%s)
-set +e
-timeout -k 10 "$timeout_s" qemu-system-x86_64 -accel tcg -smp 2,sockets=2,cores=1,threads=1 \
-    -m "${UMN_PEERS_MEM:-6144}" -nographic -no-reboot -kernel "$kdir/arch/x86/boot/bzImage" -initrd "$out/initrd.gz" \
-    -netdev user,id=n0 -device virtio-net-pci,netdev=n0 \
-    -append "console=ttyS0 rdinit=/init panic=-1 quiet ${UMN_PEERS_CLOCK-tsc=reliable clocksource=tsc} peers.dir=$peers peers.phases=$phases peers.monitors=$monitors peers.timeout=${UMN_PEERS_TEST_TIMEOUT:-300} peers.ranks_timeout=${UMN_PEERS_RANKS_TIMEOUT:-1200} peers.batch=${UMN_PEERS_BATCH:-200} peers.lacks=$lacks peers.refusals=$refusals" \
-    </dev/null >"$log" 2>&1
-rc=$?
-set -e
-tr -d '\r' <"$log" >"$log.txt"
-say "guest wall time $(( $(date +%s) - boot0 )) s (qemu exit $rc)"
-if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
-    say "FAIL: the guest did not finish within ${timeout_s}s"
-    tail -n 60 "$log.txt" >&2
-    exit 1
-fi
+rxe_boot "$kdir/arch/x86/boot/bzImage" "$out/initrd.gz" "${UMN_PEERS_MEM:-6144}" "$log" \
+    "${UMN_PEERS_TIMEOUT:-3000}" "${UMN_PEERS_CLOCK-tsc=reliable clocksource=tsc} peers.dir=$peers peers.phases=$phases peers.monitors=$monitors peers.timeout=${UMN_PEERS_TEST_TIMEOUT:-300} peers.ranks_timeout=${UMN_PEERS_RANKS_TIMEOUT:-1200} peers.batch=${UMN_PEERS_BATCH:-200} peers.lacks=$lacks peers.refusals=$refusals"
 lap "guest"
 python3 "$repo/kernel/peers/verdict.py" "$log.txt" "$phases" "$monitors"

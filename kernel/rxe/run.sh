@@ -70,34 +70,12 @@ lap "initramfs ($(du -h "$out/initrd.gz" | cut -f1))"
 
 # 5. Boot: two sockets of one CPU each (plain -smp 2 gives this kernel one CPU), the virtio NIC
 # rxe0 runs on. The kinds Linux 6.1 can not make come from kernel/compare.py (one list).
-lacks=$(python3 -B -c 'import importlib.util as u, sys
-s = u.spec_from_file_location("compare", sys.argv[1]); m = u.module_from_spec(s); s.loader.exec_module(m)
-print(",".join(sorted(m.GUEST_LACKS)))' "$repo/kernel/compare.py")
-# Claimed kinds a backend refuses on 6.1 with a typed error (kernel/rxe/known-refusals.txt).
-# (awk, not grep -v: with every refusal fixed the list is empty, and grep's exit 1 would end
-# this script under pipefail without a word.)
-refusals=$(awk '!/^#/ && NF {print $1 ":" $2}' kernel/rxe/known-refusals.txt | paste -sd, -)
-log="$out/guest.log"
-timeout_s=${UMN_RXE_TIMEOUT:-1500}
-say "booting (timeout ${timeout_s}s, log $log)"
-boot0=$(date +%s)
-set +e
-timeout -k 10 "$timeout_s" qemu-system-x86_64 -accel tcg -smp 2,sockets=2,cores=1,threads=1 \
-    -m 2048 -nographic -no-reboot -kernel "$kdir/arch/x86/boot/bzImage" -initrd "$out/initrd.gz" \
-    -netdev user,id=n0 -device virtio-net-pci,netdev=n0 \
-    -append "console=ttyS0 rdinit=/init panic=-1 quiet rxe.phases=${UMN_RXE_PHASES:-all} rxe.lacks=$lacks rxe.batch=${UMN_RXE_COST_BATCH:-100} rxe.mappings=${UMN_RXE_COST_MAPPINGS:-100,1000,10000} rxe.backends=${UMN_RXE_BACKENDS:-uffd,hooks,hybrid,kernel} rxe.refusals=$refusals" \
-    </dev/null >"$log" 2>&1
-rc=$?
-set -e
-tr -d '\r' <"$log" >"$log.txt"
-say "guest wall time $(( $(date +%s) - boot0 )) s (qemu exit $rc)"
-if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
-    say "FAIL: the guest did not finish within ${timeout_s}s"
-    tail -n 60 "$log.txt" >&2
-    exit 1
-fi
+lacks=$(guest_lacks "$repo")
+refusals=$(known_refusals "$repo")
+rxe_boot "$kdir/arch/x86/boot/bzImage" "$out/initrd.gz" 2048 "$out/guest.log" \
+    "${UMN_RXE_TIMEOUT:-1500}" "rxe.phases=${UMN_RXE_PHASES:-all} rxe.lacks=$lacks rxe.batch=${UMN_RXE_COST_BATCH:-100} rxe.mappings=${UMN_RXE_COST_MAPPINGS:-100,1000,10000} rxe.backends=${UMN_RXE_BACKENDS:-uffd,hooks,hybrid,kernel} rxe.refusals=$refusals"
 lap "guest"
 
 # 6. The verdict.
-python3 "$repo/kernel/rxe/verdict.py" "$log.txt" "${UMN_RXE_PHASES:-all}" \
+python3 "$repo/kernel/rxe/verdict.py" "$out/guest.log.txt" "${UMN_RXE_PHASES:-all}" \
     "${UMN_RXE_BACKENDS:-uffd,hooks,hybrid,kernel}" "${UMN_RXE_COST_MAPPINGS:-100,1000,10000}"
