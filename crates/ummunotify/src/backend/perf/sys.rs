@@ -65,44 +65,26 @@ pub(super) fn open_tracepoint(
     output: Option<&OwnedFd>,
     wakeup: u32,
 ) -> io::Result<OwnedFd> {
-    let attr = Attr {
-        type_: PERF_TYPE_TRACEPOINT,
-        size: std::mem::size_of::<Attr>() as u32,
-        config: id,
-        sample_period: 1,
-        sample_type: SAMPLE_TYPE,
-        // Tests read each event's count of samples the kernel dropped (Linux 6.0+; older
-        // kernels refuse the bit, so the library itself never asks).
-        read_format: if cfg!(test) { PERF_FORMAT_LOST } else { 0 },
-        flags: INHERIT | INHERIT_THREAD | WATERMARK | USE_CLOCKID,
-        wakeup_watermark: wakeup,
-        clockid: libc::CLOCK_MONOTONIC,
-        ..Attr::default()
-    };
-    // SAFETY: `attr` is a valid perf_event_attr of the size it says; the kernel only reads it
-    // (and may write `size` back on E2BIG, which it owns for the call).
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_perf_event_open,
-            &attr as *const Attr,
-            tid,
-            cpu,
-            -1,
-            PERF_FLAG_FD_CLOEXEC,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a fresh fd the kernel just gave us, owned by nothing else.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    let fd = open_raw(
+        id,
+        tid,
+        cpu,
+        INHERIT | INHERIT_THREAD | WATERMARK | USE_CLOCKID,
+        wakeup,
+    )?;
     if let Some(out) = output {
-        // SAFETY: both are perf event fds; the ioctl takes the output fd by value.
-        if unsafe { libc::ioctl(fd.as_raw_fd(), PERF_EVENT_IOC_SET_OUTPUT, out.as_raw_fd()) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
+        set_output(&fd, out)?;
     }
     Ok(fd)
+}
+
+/// `PERF_EVENT_IOC_SET_OUTPUT`: `fd`'s samples go to `out`'s ring.
+fn set_output(fd: &OwnedFd, out: &OwnedFd) -> io::Result<()> {
+    // SAFETY: both are perf event fds; the ioctl takes the output fd by value.
+    if unsafe { libc::ioctl(fd.as_raw_fd(), PERF_EVENT_IOC_SET_OUTPUT, out.as_raw_fd()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 const PERF_EVENT_IOC_SET_FILTER: libc::c_ulong = 0x4008_2406;
@@ -124,10 +106,7 @@ pub(super) fn open_cpu_wide(
         return Err(io::Error::last_os_error());
     }
     if let Some(out) = output {
-        // SAFETY: both are perf event fds; the ioctl takes the output fd by value.
-        if unsafe { libc::ioctl(fd.as_raw_fd(), PERF_EVENT_IOC_SET_OUTPUT, out.as_raw_fd()) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
+        set_output(&fd, out)?;
     }
     enable(&fd)?;
     Ok(fd)
@@ -156,13 +135,16 @@ fn open_raw(id: u64, pid: i32, cpu: i32, flags: u64, wakeup: u32) -> io::Result<
         config: id,
         sample_period: 1,
         sample_type: SAMPLE_TYPE,
+        // Tests read each event's count of samples the kernel dropped (Linux 6.0+; older
+        // kernels refuse the bit, so the library itself never asks).
         read_format: if cfg!(test) { PERF_FORMAT_LOST } else { 0 },
         flags,
         wakeup_watermark: wakeup,
         clockid: libc::CLOCK_MONOTONIC,
         ..Attr::default()
     };
-    // SAFETY: as in `open_tracepoint`.
+    // SAFETY: `attr` is a valid perf_event_attr of the size it says; the kernel only reads it
+    // (and may write `size` back on E2BIG, which it owns for the call).
     let fd = unsafe {
         libc::syscall(
             libc::SYS_perf_event_open,

@@ -543,36 +543,14 @@ fn a_forked_child_is_not_traced_into_the_parents_rings_body() {
     let Some((perf, rec, a)) = setup("perf_fork", 1) else {
         return;
     };
-    // SAFETY: the child only makes raw syscalls and exits.
-    let pid = unsafe { libc::fork() };
-    if pid == 0 {
+    in_child(|| {
         munmap(a, PAGE);
-        // The child's pull does nothing (the rings are not mapped here), its check can not say.
+        // The child's pull does nothing (the rings are not mapped here), its check can not say:
+        // it must answer "pending".
         perf.pull(&Recorder::default());
-        if !perf.pending() {
-            // SAFETY: as below.
-            unsafe { libc::_exit(3) };
-        }
-        // SAFETY: leave without running the parent's atexit handlers or destructors.
-        unsafe { libc::_exit(0) };
-    }
-    let mut status = 0;
-    // SAFETY: our own child.
-    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
-    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
-    let evs = delivered(&perf, &rec);
-    let unmap = Ev::Apply(Invalidation::Unmap {
-        start: a,
-        end: a + PAGE as u64,
+        perf.pending()
     });
-    assert!(
-        !evs.contains(&unmap),
-        "the child's munmap reached the parent: {evs:?}"
-    );
-    // The parent's own munmap of the same address is seen.
-    munmap(a, PAGE);
-    perf.pull(&rec);
-    assert!(rec.take().contains(&unmap));
+    parent_sees_only_its_own_munmap(&perf, &rec, a, "the child's munmap reached the parent");
 }
 
 /// 10,000 munmaps back to back while another thread pulls every 10 ms: one pull delivers
@@ -759,9 +737,7 @@ fn mmu_a_truncate_by_another_process_is_seen_before_it_returns_body() {
     let (fd, a) = shared_file(4);
     perf.pull(&rec);
     rec.take();
-    // SAFETY: the child makes raw syscalls only and exits.
-    let pid = unsafe { libc::fork() };
-    if pid == 0 {
+    in_child(|| {
         // SAFETY: the file is the child's too; punch the last page, then cut to one page.
         unsafe {
             let c = libc::fallocate(
@@ -771,13 +747,9 @@ fn mmu_a_truncate_by_another_process_is_seen_before_it_returns_body() {
                 PAGE as i64,
             );
             let t = libc::ftruncate(fd, PAGE as i64);
-            libc::_exit(if c == 0 && t == 0 { 0 } else { 1 });
+            c == 0 && t == 0
         }
-    }
-    let mut status = 0;
-    // SAFETY: our own child.
-    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
-    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
+    });
     assert!(perf.pending(), "another process's truncate left no record");
     let evs = delivered(&perf, &rec);
     let covers = |lo: u64, hi: u64| {
@@ -803,29 +775,8 @@ fn mmu_another_mm_is_filtered_out_in_the_kernel_body() {
     let a = map(1);
     perf.pull(&rec);
     rec.take();
-    // SAFETY: the child makes raw syscalls only and exits.
-    let pid = unsafe { libc::fork() };
-    if pid == 0 {
-        let r = munmap(a, PAGE);
-        // SAFETY: leave without running the parent's handlers.
-        unsafe { libc::_exit(if r == 0 { 0 } else { 1 }) };
-    }
-    let mut status = 0;
-    // SAFETY: our own child.
-    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
-    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
-    let evs = delivered(&perf, &rec);
-    let unmap = Ev::Apply(Invalidation::Unmap {
-        start: a,
-        end: a + PAGE as u64,
-    });
-    assert!(
-        !evs.contains(&unmap),
-        "the child's munmap reached our rings: {evs:?}"
-    );
-    munmap(a, PAGE);
-    perf.pull(&rec);
-    assert!(rec.take().contains(&unmap));
+    in_child(|| munmap(a, PAGE) == 0);
+    parent_sees_only_its_own_munmap(&perf, &rec, a, "the child's munmap reached our rings");
 }
 
 fn mmu_a_full_ring_means_everything_changed_and_the_ring_recovers_body() {
@@ -913,4 +864,33 @@ fn mmu_an_end_closes_its_start_even_at_the_same_time() {
     // An end from a task never seen to start (its start predates the events): everything.
     super::range_end(&mut d, &rec, 77, (0x1000, 0x2000));
     assert!(rec.take().contains(&Ev::All));
+}
+
+/// Forks; the child runs `f` (raw syscalls only) and exits 0 if it returned true. Asserts it did.
+fn in_child(f: impl FnOnce() -> bool) {
+    // SAFETY: the child makes raw syscalls only and leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let ok = f();
+        // SAFETY: leave without running the parent's atexit handlers or destructors.
+        unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+    }
+    let mut status = 0;
+    // SAFETY: our own child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
+}
+
+/// After a forked child unmapped page `a` in its own mm: nothing names it in our rings, and
+/// our own munmap of it afterwards is delivered.
+fn parent_sees_only_its_own_munmap(perf: &Perf, rec: &Recorder, a: u64, what: &str) {
+    let evs = delivered(perf, rec);
+    let unmap = Ev::Apply(Invalidation::Unmap {
+        start: a,
+        end: a + PAGE as u64,
+    });
+    assert!(!evs.contains(&unmap), "{what}: {evs:?}");
+    munmap(a, PAGE);
+    perf.pull(rec);
+    assert!(rec.take().contains(&unmap));
 }
